@@ -1,0 +1,76 @@
+"""Command line: `reflectrl launch ...`. User errors print one line and exit with code 2."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from reflectrl.errors import ReflectRLError
+
+EXIT_USAGE = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="reflectrl",
+        description="Reflect-RL: PPO fine-tuning of an LM agent with a frozen reflection model.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    launch = sub.add_parser(
+        "launch",
+        help="train on a local Ray (default) or a Ray cluster",
+        description="Train a policy with PPO + LoRA on rollout workers that ask a reflection "
+        "server for a reflection at every step.",
+    )
+    launch.add_argument("--workers", type=int, default=2, help="rollout workers (default 2)")
+    launch.add_argument("--config", help="YAML config (default: the built-in defaults)")
+    launch.add_argument("--output", help="run directory (default: runs/<env>-<time>)")
+    launch.add_argument("--iterations", type=int, help="training iterations (run.iterations)")
+    launch.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set ppo.lr=3e-4 (repeatable)",
+    )
+    launch.add_argument("--address", help="join this Ray cluster (default: $RAY_ADDRESS or local)")
+    launch.add_argument(
+        "--resume", metavar="DIR", help="continue the run in DIR from its checkpoint"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        if args.command == "launch":
+            from reflectrl.launch import LaunchOptions, launch
+
+            run_dir = launch(
+                LaunchOptions(
+                    workers=args.workers,
+                    config_path=args.config,
+                    output=args.output,
+                    iterations=args.iterations,
+                    overrides=args.overrides,
+                    address=args.address,
+                    resume=args.resume,
+                )
+            )
+            print(f"done: {run_dir}")
+    except ReflectRLError as err:
+        print(f"reflectrl: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("reflectrl: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""The whole configuration as one pydantic tree, loaded from YAML with `--set a.b=value` overrides.
+
+Unknown keys and wrong types are errors that name the key (`ConfigError`, exit code 2).
+The defaults are the default run (`reflectrl launch` with no `--config`); `configs/default.yaml`
+spells them out.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from reflectrl.errors import ConfigError
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EnvConfig(Strict):
+    name: str = "dangerous_taxi"
+    options: dict[str, Any] = Field(default_factory=dict)  # validated by the env's own model
+    envs_per_worker: int = Field(4, ge=1)
+    shuffle_options: bool = False  # shuffle menu labels per step (no learning label positions)
+    max_prompt_tokens: int = Field(384, ge=32)  # fixed observation length (right-padded)
+
+    @model_validator(mode="after")
+    def _check_env(self) -> EnvConfig:
+        from reflectrl.envs.registry import validate_env_options
+
+        self.options = validate_env_options(self.name, self.options).model_dump()
+        return self
+
+
+class LoraSettings(Strict):
+    r: int = Field(8, ge=1)
+    alpha: int = Field(16, ge=1)
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "v_proj"])
+
+
+class PolicyConfig(Strict):
+    model: str = "smollm2"  # "smollm2", "tiny", or a local HF model directory
+    # Menu labels in order; each must be one token of the tokenizer (checked at start-up).
+    labels: str = "123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    lora: LoraSettings = Field(default_factory=LoraSettings)
+    value_micro_batch: int = Field(16, ge=1)  # micro-batch of the no-grad value pass for GAE
+
+
+class ReflectionConfig(Strict):
+    enabled: bool = True  # false: the no-reflection ablation
+    server: Literal["local", "url"] = "local"
+    url: str | None = None  # an OpenAI-compatible base URL, e.g. http://host:8000/v1
+    model: str = "smollm2"  # what the local server serves ("smollm2", "tiny", or a directory)
+    served_model_name: str = "reflection"
+    device: Literal["cpu", "cuda"] = "cpu"
+    host: str = "127.0.0.1"
+    port: int = Field(0, ge=0, le=65535)  # 0: a free port
+    max_model_len: int = Field(1024, ge=64)
+    num_gpus: float = Field(0.0, ge=0)
+    startup_timeout_s: float = Field(600.0, gt=0)
+    max_tokens: int = Field(48, ge=1)
+    temperature: float = Field(0.0, ge=0)
+    timeout_s: float = Field(120.0, gt=0)
+    max_retries: int = Field(3, ge=0)
+
+    @model_validator(mode="after")
+    def _check_url(self) -> ReflectionConfig:
+        if self.enabled and self.server == "url" and not self.url:
+            raise ValueError("reflection.server is 'url' but reflection.url is not set")
+        return self
+
+
+class PPOSettings(Strict):
+    lr: float = Field(1e-4, gt=0)
+    gamma: float = Field(0.99, ge=0, le=1)
+    lambda_: float = Field(0.95, ge=0, le=1)
+    clip_param: float = Field(0.2, gt=0)
+    vf_clip_param: float = Field(10.0, gt=0)
+    vf_loss_coeff: float = Field(0.5, ge=0)
+    entropy_coeff: float = Field(0.01, ge=0)
+    kl_coeff: float = Field(0.0, ge=0)
+    num_epochs: int = Field(2, ge=1)
+    minibatch_size: int = Field(32, ge=1)
+    train_batch_size: int = Field(128, ge=1)  # env steps per iteration, per learner
+    grad_clip: float = Field(1.0, gt=0)
+
+
+class StageConfig(Strict):
+    name: str
+    success_threshold: float = Field(0.8, ge=0, le=1)
+    max_iterations: int | None = Field(None, ge=1)  # fallback: advance after this many
+
+
+class CurriculumConfig(Strict):
+    enabled: bool = True
+    stages: list[StageConfig] = Field(default_factory=list)  # empty: the env's own stages
+    window: int = Field(50, ge=1)  # episodes (across all workers) the success rate is over
+    min_episodes: int = Field(20, ge=1)  # no switch before this many episodes in a stage
+
+
+class RunConfig(Strict):
+    seed: int = 0
+    iterations: int = Field(200, ge=1)
+    checkpoint_every: int = Field(10, ge=1)
+    num_gpus_per_learner: float = Field(0.0, ge=0)
+    restart_failed_workers: bool = True
+    dashboard_host: str = "127.0.0.1"
+    dashboard_port: int = Field(8265, ge=1, le=65535)
+
+
+class ReflectRLConfig(Strict):
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    reflection: ReflectionConfig = Field(default_factory=ReflectionConfig)
+    ppo: PPOSettings = Field(default_factory=PPOSettings)
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+
+
+def _format_validation_error(err: ValidationError, source: str) -> str:
+    first = err.errors()[0]
+    key = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif "input" in first and not isinstance(first["input"], dict | list):
+        msg = f"{msg} (got {first['input']!r})"
+    return f"{source}: {key}: {msg}"
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`a.b.c=value` -> (["a", "b", "c"], value parsed as YAML: 3, true, [x, y], text)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE with a dotted key, e.g. ppo.lr=3e-4")
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def apply_override(tree: dict[str, Any], path: list[str], value: Any) -> None:
+    node = tree
+    for part in path[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {'.'.join(path)}: {part!r} is not a section")
+        node = child
+    node[path[-1]] = value
+
+
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | None = None
+) -> ReflectRLConfig:
+    """Read YAML (or start from the defaults), apply overrides, validate."""
+    tree: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError(f"config file {file} does not exist; pass an existing YAML file")
+        try:
+            loaded = yaml.safe_load(file.read_text())
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"{file}:{where} invalid YAML; fix the syntax") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{file}: expected a mapping of sections (env, policy, ...)")
+        tree = loaded or {}
+    for text in overrides or []:
+        key, value = parse_override(text)
+        apply_override(tree, key, value)
+        source = f"{source} + --set"
+    try:
+        return ReflectRLConfig.model_validate(tree)
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(err, source)) from None
+
+
+def dump_config(config: ReflectRLConfig) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,249 @@
+"""DangerousTaxi: gymnasium's Taxi as a text env, where any no-op action ends the episode.
+
+Curriculum stages: `pickup` (done once the passenger is aboard), `dropoff` (starts with the
+passenger aboard) and `full` (the ordinary game). `expert_action` is a shortest-path expert
+for tests and SFT data.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import deque
+from typing import Any, ClassVar
+
+from gymnasium import spaces
+from gymnasium.envs.toy_text.taxi import MAP, TaxiEnv
+from pydantic import BaseModel, ConfigDict, Field
+
+from reflectrl.envs.base import StepInfo, TextEnv, TextObservation
+from reflectrl.envs.registry import EnvSpec, register_env
+
+# Canonical action texts, in gymnasium's action-id order (0 south ... 5 drop-off).
+ACTIONS: tuple[str, ...] = (
+    "go south",
+    "go north",
+    "go east",
+    "go west",
+    "pick up passenger",
+    "drop off passenger",
+)
+PICKUP, DROPOFF = 4, 5
+IN_TAXI = 4  # gymnasium's passenger index meaning "inside the taxi"
+
+_RULES = (
+    "The map legend: T taxi, X taxi with the passenger, P passenger, D destination, | wall; "
+    "north is up. Hitting a wall or an illegal pick-up/drop-off ends the game."
+)
+_INSTRUCTIONS: dict[str, str] = {
+    "pickup": "You drive a taxi on a 5x5 grid. Drive to the passenger and pick them up. " + _RULES,
+    "dropoff": "You drive a taxi on a 5x5 grid. Take the passenger to the destination and drop "
+    "them off. " + _RULES,
+}
+_INSTRUCTIONS["full"] = _INSTRUCTIONS["dropoff"]
+
+
+class TaxiOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_steps: int = Field(default=30, gt=0)
+    reward_scale: float = Field(default=1 / 20, gt=0)
+    danger_penalty: float = -10.0
+    pickup_bonus: float = 20.0
+    # Every reset uses this seed: one fixed start state, for small deterministic learning tests.
+    fixed_start_seed: int | None = Field(default=None, ge=0)
+
+
+class DangerousTaxiEnv(TextEnv):
+    stages: ClassVar[tuple[str, ...]] = ("pickup", "dropoff", "full")
+    max_actions = len(ACTIONS)
+
+    def __init__(self, options: TaxiOptions | None = None) -> None:
+        super().__init__()
+        self.options = options or TaxiOptions()
+        # The dry, non-fickle game: every (state, action) has exactly one outcome.
+        self.taxi = TaxiEnv()
+        self.action_space = spaces.Discrete(len(ACTIONS))
+        self._episode_stage = self._stage
+        self._steps = 0
+        self._done = True  # no episode until the first reset
+
+    def decoded_state(self) -> tuple[int, int, int, int]:
+        """(taxi row, taxi col, passenger index (4 = in the taxi), destination index)."""
+        row, col, passenger, destination = self.taxi.decode(self.taxi.s)
+        return int(row), int(col), int(passenger), int(destination)
+
+    @property
+    def episode_stage(self) -> str:
+        """The stage of the running episode (`set_stage` only applies from the next reset)."""
+        return self._episode_stage
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[TextObservation, dict[str, Any]]:
+        if self.options.fixed_start_seed is not None:
+            seed = self.options.fixed_start_seed
+        super().reset(seed=seed)
+        self.taxi.reset(seed=seed)
+        self._episode_stage = self._stage
+        if self._episode_stage == "dropoff":
+            self._board_passenger()
+        self._steps = 0
+        self._done = False
+        return self._observation(), self._info(success=False, danger=False)
+
+    def step(self, action: int) -> tuple[TextObservation, float, bool, bool, dict[str, Any]]:
+        if self._done:
+            raise RuntimeError("step() called on a finished episode; call reset() first")
+        action = operator.index(action)  # accepts numpy and torch integer scalars too
+        if not 0 <= action < len(ACTIONS):
+            raise ValueError(f"action index {action} out of range 0..{len(ACTIONS) - 1}")
+        state = int(self.taxi.s)
+        # Read the deterministic table instead of calling TaxiEnv.step: its categorical
+        # sample draws from np_random, which would make later unseeded starts depend on how
+        # many steps earlier episodes took.
+        ((_, next_state, reward, delivered),) = self.taxi.P[state][action]
+        self.taxi.s = next_state
+        self.taxi.lastaction = action
+        self._steps += 1
+
+        # Compare states on every step, the first one included (the authors' check missed it).
+        danger = next_state == state
+        picked_up = self.decoded_state()[2] == IN_TAXI and action == PICKUP
+        if danger:
+            reward, terminated, success = self.options.danger_penalty, True, False
+        elif self._episode_stage == "pickup" and picked_up:
+            # Replaces the step cost, as gymnasium's +20 delivery reward does.
+            reward, terminated, success = self.options.pickup_bonus, True, True
+        else:
+            terminated = success = bool(delivered)
+        truncated = not terminated and self._steps >= self.options.max_steps
+        self._done = terminated or truncated
+        info = self._info(success=success, danger=danger)
+        return (
+            self._observation(),
+            float(reward) * self.options.reward_scale,
+            terminated,
+            truncated,
+            info,
+        )
+
+    def _board_passenger(self) -> None:
+        # Keep the seeded destination; move the taxi to a uniformly drawn cell other than the
+        # destination (so no episode is solved by one drop-off) and put the passenger aboard.
+        row, col, _, destination = self.decoded_state()
+        cells = [
+            (r, c) for r in range(5) for c in range(5) if (r, c) != self.taxi.locs[destination]
+        ]
+        row, col = cells[int(self.taxi.np_random.integers(len(cells)))]
+        self.taxi.s = self.taxi.encode(row, col, IN_TAXI, destination)
+
+    def _observation(self) -> TextObservation:
+        return TextObservation(
+            instruction=_INSTRUCTIONS[self._episode_stage],
+            observation=render_text(*self.decoded_state(), locs=self.taxi.locs),
+            actions=ACTIONS,
+        )
+
+    def _info(self, *, success: bool, danger: bool) -> dict[str, Any]:
+        extra = {"stage": self._episode_stage, "danger": danger}
+        return StepInfo(success=success, valid_actions=ACTIONS, extra=extra).as_dict()
+
+
+def render_text(
+    row: int, col: int, passenger: int, destination: int, *, locs: list[tuple[int, int]]
+) -> str:
+    """The grid (cells `.`, walls `|`, open sides blank) and one status line."""
+    grid = [list(line) for line in MAP]
+    for line in grid[1:-1]:
+        for j in range(1, len(line) - 1):
+            if j % 2 == 1:
+                line[j] = "."  # a cell; drops gymnasium's R/G/Y/B landmark names
+            elif line[j] == ":":
+                line[j] = " "
+
+    def put(cell: tuple[int, int], letter: str) -> None:
+        grid[1 + cell[0]][2 * cell[1] + 1] = letter
+
+    if passenger == destination:  # only after a delivery (gymnasium never starts there)
+        put((row, col), "T")
+        return "\n".join("".join(line) for line in grid) + "\nThe passenger has been delivered."
+    put(locs[destination], "D")
+    if passenger == IN_TAXI:
+        put((row, col), "X")
+        status = "The passenger is in the taxi (X) and wants to go to D."
+    else:
+        put(locs[passenger], "P")
+        put((row, col), "T")  # drawn last: the taxi hides a P or D below it
+        status = "The passenger is at P and wants to go to D."
+        if (row, col) == locs[passenger]:
+            status += " The taxi is at the passenger's cell."
+    if (row, col) == locs[destination]:
+        status += " The taxi is at the destination."
+    return "\n".join("".join(line) for line in grid) + "\n" + status
+
+
+# Distance (in actions) from each state to the goal, per goal kind; the transition table is
+# the same for every dry TaxiEnv (fixed map), so one table per goal serves all envs.
+_DISTANCES: dict[str, dict[int, int]] = {}
+
+
+def _goal_kind(stage: str) -> str:
+    return "pickup" if stage == "pickup" else "deliver"
+
+
+def _is_goal(taxi: TaxiEnv, state: int, action: int, goal: str) -> bool:
+    ((_, next_state, _, delivered),) = taxi.P[state][action]
+    if goal == "pickup":
+        return action == PICKUP and next_state != state
+    return bool(delivered)
+
+
+def _distances(taxi: TaxiEnv, goal: str) -> dict[int, int]:
+    if goal in _DISTANCES:
+        return _DISTANCES[goal]
+    # Backward BFS: states with a goal action are at distance 1; no-op edges are excluded
+    # (they would end the episode) and goal edges are not expanded (the episode ends there).
+    predecessors: dict[int, list[int]] = {s: [] for s in taxi.P}
+    dist: dict[int, int] = {}
+    for state, by_action in taxi.P.items():
+        for action, ((_, next_state, _, _),) in by_action.items():
+            if _is_goal(taxi, state, action, goal):
+                dist[state] = 1
+            elif next_state != state:
+                predecessors[next_state].append(state)
+    queue = deque(dist)
+    while queue:
+        state = queue.popleft()
+        for prev in predecessors[state]:
+            if prev not in dist:
+                dist[prev] = dist[state] + 1
+                queue.append(prev)
+    _DISTANCES[goal] = dist
+    return dist
+
+
+def expert_action(env: DangerousTaxiEnv) -> int:
+    """An action on a shortest path to success in the running episode's stage; never a no-op."""
+    taxi = env.taxi
+    state = int(taxi.s)
+    goal = _goal_kind(env.episode_stage)
+    dist = _distances(taxi, goal)
+    best, best_cost = -1, float("inf")
+    for action in range(len(ACTIONS)):  # ties go to the lowest action id: deterministic
+        ((_, next_state, _, _),) = taxi.P[state][action]
+        if next_state == state:
+            continue
+        if _is_goal(taxi, state, action, goal):
+            cost: float = 1
+        else:
+            cost = 1 + dist.get(next_state, float("inf"))
+        if cost < best_cost:
+            best, best_cost = action, cost
+    if best < 0:
+        raise RuntimeError(f"no path to the {goal} goal from state {env.decoded_state()}")
+    return best
+
+
+register_env(
+    EnvSpec(name="dangerous_taxi", options_model=TaxiOptions, factory=lambda o: DangerousTaxiEnv(o))
+)

@@ -1,0 +1,359 @@
+"""`reflectrl launch`: build the RLlib PPO algorithm from the config and run the iterations.
+
+Reads like the method: start (or join) Ray -> start the reflection server -> build PPO with
+our RLModule and vector env -> each iteration: sample on all rollout workers, update the
+policy's LoRA, sync it, let the coordinator move the curriculum -> log and checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.rllib.algorithms.ppo import PPOConfig
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+from ray.tune.registry import register_env
+
+from reflectrl import prompts
+from reflectrl.config import ReflectRLConfig, dump_config, load_config
+from reflectrl.coordinator import CoordinatorCallback, Curriculum
+from reflectrl.envs.registry import make_text_env
+from reflectrl.errors import ConfigError
+from reflectrl.learner.rl_module import ReflectRLModule, state_nbytes
+from reflectrl.metrics import MetricsSink
+from reflectrl.models.loading import load_tokenizer, resolve_model
+from reflectrl.models.tokens import label_token_ids
+from reflectrl.rollout_workers.runner_env import env_config_for, make_vector_env
+
+logger = logging.getLogger(__name__)
+
+RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints")
+STATE_FILE = "reflectrl_state.json"
+ENV_ID = "reflectrl_vector_env"
+
+
+@dataclass
+class LaunchOptions:
+    workers: int
+    config_path: str | None = None
+    output: str | None = None
+    iterations: int | None = None
+    overrides: list[str] = field(default_factory=list)
+    address: str | None = None
+    resume: str | None = None
+
+
+def resolve_run(opts: LaunchOptions) -> tuple[ReflectRLConfig, Path, Path | None]:
+    """(config, run dir, checkpoint to resume from). Refuses to overwrite an earlier run."""
+    if opts.workers < 1:
+        raise ConfigError(f"--workers {opts.workers}: need at least 1 rollout worker")
+    overrides = list(opts.overrides)
+    if opts.iterations is not None:
+        overrides.append(f"run.iterations={opts.iterations}")
+    if opts.resume:
+        run_dir = Path(opts.resume)
+        if not (run_dir / "config.yaml").is_file():
+            raise ConfigError(f"--resume {run_dir}: no config.yaml there; is it a run directory?")
+        if opts.output and Path(opts.output).resolve() != run_dir.resolve():
+            raise ConfigError("--resume continues in its own directory; drop --output")
+        config = load_config(opts.config_path or run_dir / "config.yaml", overrides)
+        return config, run_dir, latest_checkpoint(run_dir)
+    config = load_config(opts.config_path, overrides)
+    run_dir = Path(opts.output or f"runs/{config.env.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if run_dir.exists() and any((run_dir / m).exists() for m in RUN_MARKERS):
+        raise ConfigError(
+            f"--output {run_dir} holds an earlier run; pass --resume {run_dir} to continue it "
+            "or choose another --output"
+        )
+    return config, run_dir, None
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    pointer = run_dir / "checkpoints" / "latest"
+    if not pointer.is_file():
+        return None
+    path = run_dir / "checkpoints" / pointer.read_text().strip()
+    if not (path / STATE_FILE).is_file():
+        raise ConfigError(f"checkpoint {path} is incomplete; point checkpoints/latest at another")
+    return path
+
+
+def init_ray(address: str | None, config: ReflectRLConfig, workers: int) -> str | None:
+    """Join `address` (or RAY_ADDRESS), else start a local Ray; returns the dashboard URL."""
+    address = address or os.environ.get("RAY_ADDRESS")
+    runtime_env = {"env_vars": {"HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}}
+    if address:
+        try:
+            ctx = ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as err:
+            raise ConfigError(
+                f"cannot reach Ray at {address!r} ({str(err).splitlines()[0][:160]}); start it "
+                "with `ray start --head` or drop --address/RAY_ADDRESS for a local Ray"
+            ) from None
+    else:
+        # A local single-user cluster on loopback: token auth off, dashboard on 127.0.0.1.
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        ctx = ray.init(
+            num_cpus=max(os.cpu_count() or 1, workers + 1),
+            include_dashboard=True,
+            dashboard_host=config.run.dashboard_host,
+            dashboard_port=config.run.dashboard_port,
+            runtime_env=runtime_env,
+            log_to_driver=False,
+        )
+    url = getattr(ctx, "dashboard_url", None)
+    return f"http://{url}" if url and not url.startswith("http") else url
+
+
+def build_ppo_config(
+    config: ReflectRLConfig, workers: int, reflection_url: str | None
+) -> PPOConfig:
+    model_dir = resolve_model(config.policy.model)
+    tokenizer = load_tokenizer(model_dir)
+    max_actions = make_text_env(config.env.name, config.env.options).max_actions
+    if max_actions > len(config.policy.labels):
+        raise ConfigError(
+            f"policy.labels has {len(config.policy.labels)} labels but env {config.env.name!r} "
+            f"shows up to {max_actions} actions; add labels"
+        )
+    label_ids = label_token_ids(
+        tokenizer, config.policy.labels[:max_actions], prompts.ACTION_MARKER
+    )
+    ppo, lora = config.ppo, config.policy.lora
+    # RLlib takes a registered name; the name lives in Ray's KV store, so workers find it.
+    register_env(ENV_ID, make_vector_env)
+    return (
+        PPOConfig()
+        .environment(env=ENV_ID, env_config=env_config_for(config, reflection_url))
+        .env_runners(
+            num_env_runners=workers,
+            num_envs_per_env_runner=config.env.envs_per_worker,
+            gym_env_vectorize_mode="vector_entry_point",
+            # The driver holds the learner's copy of the LM; no second one for sampling.
+            create_local_env_runner=False,
+            rollout_fragment_length="auto",
+            num_cpus_per_env_runner=1,
+        )
+        .learners(num_learners=0, num_gpus_per_learner=config.run.num_gpus_per_learner)
+        .training(
+            lr=ppo.lr,
+            gamma=ppo.gamma,
+            lambda_=ppo.lambda_,
+            clip_param=ppo.clip_param,
+            vf_clip_param=ppo.vf_clip_param,
+            vf_loss_coeff=ppo.vf_loss_coeff,
+            entropy_coeff=ppo.entropy_coeff,
+            use_kl_loss=ppo.kl_coeff > 0,
+            kl_coeff=ppo.kl_coeff,
+            num_epochs=ppo.num_epochs,
+            minibatch_size=ppo.minibatch_size,
+            train_batch_size_per_learner=ppo.train_batch_size,
+            grad_clip=ppo.grad_clip,
+        )
+        .rl_module(
+            rl_module_spec=RLModuleSpec(
+                module_class=ReflectRLModule,
+                model_config={
+                    "model_dir": str(model_dir),
+                    "label_token_ids": label_ids,
+                    "lora_r": lora.r,
+                    "lora_alpha": lora.alpha,
+                    "lora_target_modules": list(lora.target_modules),
+                    "seed": config.run.seed,
+                    "value_micro_batch": config.policy.value_micro_batch,
+                },
+            )
+        )
+        .callbacks(CoordinatorCallback)
+        .fault_tolerance(restart_failed_env_runners=config.run.restart_failed_workers)
+        .debugging(seed=config.run.seed, log_level="WARN")
+    )
+
+
+class Run:
+    """One training run: the algorithm, its run directory and its progress."""
+
+    def __init__(self, config: ReflectRLConfig, run_dir: Path, workers: int) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.workers = workers
+        self.iteration = 0
+        self.env_steps = 0
+        self.reflection_actor: Any = None
+        self.reflection_url: str | None = None
+        self.algo: Any = None
+        self.sink: MetricsSink | None = None
+
+    # -- set-up --------------------------------------------------------------------------
+    def start(self, resume_from: Path | None = None) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if resume_from is None:
+            (self.run_dir / "config.yaml").write_text(dump_config(self.config))
+        r = self.config.reflection
+        if r.enabled and r.server == "local":
+            from reflectrl.reflection.actor import start_reflection_actor
+
+            print(f"starting the reflection server ({r.model}); log: {self.log_path}", flush=True)
+            self.reflection_actor, self.reflection_url = start_reflection_actor(r, self.log_path)
+        elif r.enabled:
+            self.reflection_url = r.url
+            self._check_reflection_url()
+        self.algo = build_ppo_config(self.config, self.workers, self.reflection_url).build_algo()
+        callback = self.coordinator
+        stages = make_text_env(self.config.env.name, self.config.env.options).stages
+        callback.curriculum = Curriculum(self.config.curriculum, stages)
+        if resume_from is not None:
+            self._restore(resume_from)
+        callback.push_stage(self.algo.env_runner_group)
+        self.sink = MetricsSink(self.run_dir, resume=resume_from is not None)
+
+    @property
+    def log_path(self) -> Path:
+        return self.run_dir / "reflection_server.log"
+
+    @property
+    def coordinator(self) -> CoordinatorCallback:
+        callbacks = self.algo.callbacks
+        for cb in callbacks if isinstance(callbacks, list) else [callbacks]:
+            if isinstance(cb, CoordinatorCallback):
+                return cb
+        raise RuntimeError("the coordinator callback is missing from the algorithm")
+
+    def _check_reflection_url(self) -> None:
+        from reflectrl.rollout_workers.runner_env import make_reflection_client
+
+        client = make_reflection_client(self.config, str(self.reflection_url), 0)
+        if not client.health():
+            raise ConfigError(
+                f"reflection.url {self.reflection_url} does not answer; start the server or set "
+                "reflection.server=local"
+            )
+
+    # -- the loop ------------------------------------------------------------------------
+    def train_iteration(self) -> dict[str, Any]:
+        started = time.perf_counter()
+        result = self.algo.train()
+        seconds = time.perf_counter() - started
+        self.iteration += 1
+        ours = result.get("reflectrl", {})
+        steps = int(ours.get("env_steps", 0))
+        self.env_steps += steps
+        learner = result.get("learners", {}).get(DEFAULT_MODULE_ID, {})
+        row = {
+            "iteration": self.iteration,
+            "env_steps": self.env_steps,
+            "episodes": ours.get("episodes", 0),
+            "success_rate": ours.get("success_rate", 0.0),
+            "episode_return_mean": ours.get("episode_return_mean"),
+            "episode_len_mean": ours.get("episode_len_mean"),
+            "stage": ours.get("stage"),
+            "next_stage": ours.get("next_stage"),
+            "reflection_calls": ours.get("reflection_calls", 0),
+            "env_steps_per_s": steps / seconds if seconds > 0 else 0.0,
+            "iteration_s": seconds,
+            "weight_sync_bytes": self.weight_sync_bytes(),
+            "adapter_version": self.iteration,
+            "restarted_workers": ours.get("restarted_workers", 0),
+            "truncated_prompts": ours.get("truncated_prompts", 0),
+            "policy_loss": _scalar(learner.get("policy_loss")),
+            "vf_loss": _scalar(learner.get("vf_loss")),
+            "entropy": _scalar(learner.get("entropy")),
+        }
+        assert self.sink is not None
+        self.sink.write(row)
+        if self.iteration % self.config.run.checkpoint_every == 0:
+            self.save()
+        return row
+
+    def weight_sync_bytes(self) -> int:
+        """Bytes sent to each rollout worker per sync (the LoRA tensors only)."""
+        return state_nbytes(self.learner_module().get_state(inference_only=True))
+
+    def learner_module(self) -> ReflectRLModule:
+        return self.algo.learner_group._learner.module[DEFAULT_MODULE_ID]
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def save(self) -> Path:
+        """RLlib checkpoint + peft adapter + our state; written aside, then renamed (atomic)."""
+        root = self.run_dir / "checkpoints"
+        name = f"iter_{self.iteration:06d}"
+        final, tmp = root / name, root / f".{name}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.algo.save_to_path(str(tmp / "rllib"))
+        self.learner_module().policy.save_adapter(tmp / "adapter")
+        state = {
+            "iteration": self.iteration,
+            "env_steps": self.env_steps,
+            "curriculum": self.coordinator.curriculum.state_dict(),
+        }
+        (tmp / STATE_FILE).write_text(json.dumps(state, indent=2))
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        pointer_tmp = root / ".latest.tmp"
+        pointer_tmp.write_text(name)
+        pointer_tmp.replace(root / "latest")
+        return final
+
+    def _restore(self, checkpoint: Path) -> None:
+        self.algo.restore_from_path(str(checkpoint / "rllib"))
+        state = json.loads((checkpoint / STATE_FILE).read_text())
+        self.iteration = int(state["iteration"])
+        self.env_steps = int(state["env_steps"])
+        self.coordinator.curriculum.load_state_dict(state["curriculum"])
+
+    def close(self) -> None:
+        if self.sink is not None:
+            self.sink.close()
+        if self.algo is not None:
+            self.algo.stop()
+        if self.reflection_actor is not None:
+            ray.get(self.reflection_actor.stop.remote())
+            ray.kill(self.reflection_actor)
+
+
+def _scalar(value: Any) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def format_progress(row: dict[str, Any], total: int) -> str:
+    ret = row["episode_return_mean"]
+    return (
+        f"iter {row['iteration']:>4}/{total}  env_steps {row['env_steps']:>7}  "
+        f"success {row['success_rate']:.2f}  stage {row['stage']}  "
+        f"return {'n/a' if ret is None else f'{ret:+.3f}'}  "
+        f"steps/s {row['env_steps_per_s']:.1f}  reflections {row['reflection_calls']}"
+    )
+
+
+def launch(opts: LaunchOptions) -> Path:
+    config, run_dir, resume_from = resolve_run(opts)
+    dashboard = init_ray(opts.address, config, opts.workers)
+    if dashboard:
+        print(f"Ray dashboard: {dashboard}", flush=True)
+    run = Run(config, run_dir, opts.workers)
+    try:
+        run.start(resume_from)
+        print(f"run directory: {run_dir}", flush=True)
+        while run.iteration < config.run.iterations:
+            row = run.train_iteration()
+            print(format_progress(row, config.run.iterations), flush=True)
+        if run.iteration % config.run.checkpoint_every != 0 or resume_from is None:
+            run.save()
+    finally:
+        run.close()
+        ray.shutdown()
+    return run_dir

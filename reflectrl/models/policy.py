@@ -1,0 +1,121 @@
+"""The policy: a causal LM + LoRA that scores the menu labels, plus a value head (no Ray).
+
+One forward pass reads the whole right-padded prompt; at the last real token it takes
+  - the next-token logits restricted to the label tokens, masked to the labels valid now
+    (the published code did not mask), and
+  - the final hidden state, which a linear value head maps to V(s) (the published critic
+    saw only the last ~20 prompt tokens).
+Only the label rows of the LM head are multiplied, so no [batch, length, vocab] tensor is
+ever built. Dropout is 0 everywhere so rollout (eval) and update (train) probabilities agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+from torch import nn
+
+from reflectrl.models.loading import load_causal_lm
+
+# Logit of a label that is not on the menu now: exp() of it underflows to exactly 0, and
+# unlike -inf it keeps the entropy finite (0 * log 0 terms stay 0).
+MASKED_LOGIT = -1e9
+
+
+class OptionPolicy(nn.Module):
+    def __init__(
+        self,
+        model_dir: Path,
+        label_token_ids: Sequence[int],
+        lora_r: int = 8,
+        lora_alpha: int = 16,
+        lora_target_modules: Sequence[str] = ("q_proj", "v_proj"),
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        torch.manual_seed(seed)  # LoRA and value-head init are seeded from the config
+        base = load_causal_lm(model_dir)
+        for param in base.parameters():
+            param.requires_grad_(False)
+        lora = LoraConfig(
+            r=lora_r,
+            lora_alpha=lora_alpha,
+            target_modules=list(lora_target_modules),
+            lora_dropout=0.0,
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+        self.lm = get_peft_model(base, lora)
+        hidden = base.config.hidden_size
+        self.value_head = nn.Linear(hidden, 1)
+        nn.init.normal_(self.value_head.weight, std=1.0 / (hidden + 1) ** 0.5)
+        nn.init.zeros_(self.value_head.bias)
+        self.register_buffer(
+            "label_ids", torch.tensor(list(label_token_ids), dtype=torch.long), persistent=False
+        )
+
+    @property
+    def num_labels(self) -> int:
+        return int(self.label_ids.numel())
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Final hidden state at the last real token of each right-padded row: [B, H]."""
+        causal_lm = self.lm.get_base_model()
+        trunk = causal_lm.base_model  # the decoder stack, without the LM head
+        out = trunk(input_ids=input_ids, attention_mask=attention_mask)
+        last = attention_mask.long().sum(dim=1) - 1
+        if bool((last < 0).any()):
+            raise ValueError("an observation has an empty attention mask")
+        rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+        return out.last_hidden_state[rows, last]
+
+    def label_logits(self, hidden: torch.Tensor, option_mask: torch.Tensor) -> torch.Tensor:
+        """Masked logits over the K labels: [B, K]."""
+        head = self.lm.get_base_model().get_output_embeddings()
+        logits = hidden @ head.weight[self.label_ids].T
+        if getattr(head, "bias", None) is not None:
+            logits = logits + head.bias[self.label_ids]
+        return logits.masked_fill(option_mask <= 0, MASKED_LOGIT)
+
+    def value(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.value_head(hidden).squeeze(-1)
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, option_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.encode(input_ids, attention_mask)
+        return self.label_logits(hidden, option_mask), self.value(hidden)
+
+    # --- the trainable state: what is synced to rollout workers and checkpointed -------------
+
+    def lora_state(self) -> dict[str, torch.Tensor]:
+        """The LoRA tensors only, keyed as in `state_dict()` (what rollout workers need)."""
+        return {k: v for k, v in self.state_dict().items() if "lora_" in k}
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        """LoRA + value head: everything that changes in training (the base LM is frozen)."""
+        state = self.lora_state()
+        state.update({f"value_head.{k}": v for k, v in self.value_head.state_dict().items()})
+        return state
+
+    def load_trainable_state(self, state: dict[str, Any]) -> None:
+        own = self.state_dict()
+        unknown = [k for k in state if k not in own]
+        if unknown:
+            raise ValueError(f"state has keys this policy does not have: {unknown[:3]}")
+        self.load_state_dict({k: torch.as_tensor(v) for k, v in state.items()}, strict=False)
+
+    def save_adapter(self, directory: Path) -> None:
+        """The LoRA adapter in peft format (loadable with PeftModel.from_pretrained / vLLM)."""
+        self.lm.save_pretrained(str(directory))
+        torch.save(self.value_head.state_dict(), Path(directory) / "value_head.pt")
+
+    def load_adapter(self, directory: Path) -> None:
+        from peft.utils import load_peft_weights
+
+        set_peft_model_state_dict(self.lm, load_peft_weights(str(directory)))
+        self.value_head.load_state_dict(torch.load(Path(directory) / "value_head.pt"))
