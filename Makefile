@@ -38,9 +38,9 @@ lint: install
 	$(BIN)/ruff format --check reflectrl tests benchmarks
 
 bench: install
-	$(BIN)/python benchmarks/env_throughput.py
-	$(BIN)/python benchmarks/reflection_batching.py
-	$(BIN)/python benchmarks/weight_sync.py
+	$(BIN)/python -m benchmarks.env_throughput
+	$(BIN)/python -m benchmarks.reflection_batching
+	$(BIN)/python -m benchmarks.weight_sync
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -16,6 +16,7 @@ from typing import Any
 from ray.rllib.callbacks.callbacks import RLlibCallback
 
 from reflectrl.config import CurriculumConfig, StageConfig
+from reflectrl.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +27,7 @@ class Curriculum:
         stages = config.stages or [StageConfig(name=s) for s in env_stages]
         unknown = [s.name for s in stages if s.name not in env_stages]
         if unknown:
-            raise ValueError(
+            raise ConfigError(
                 f"curriculum.stages: unknown stage {unknown[0]!r}; valid: {', '.join(env_stages)}"
             )
         # Without a curriculum the agent trains on the last (full) stage only.

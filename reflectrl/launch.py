@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +92,7 @@ def init_ray(address: str | None, config: ReflectRLConfig, workers: int) -> str 
     address = address or os.environ.get("RAY_ADDRESS")
     runtime_env = {"env_vars": {"HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}}
     if address:
+        _check_reachable(address)
         try:
             ctx = ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
         except (ConnectionError, RuntimeError, ValueError) as err:
@@ -114,20 +116,52 @@ def init_ray(address: str | None, config: ReflectRLConfig, workers: int) -> str 
     return f"http://{url}" if url and not url.startswith("http") else url
 
 
-def build_ppo_config(
-    config: ReflectRLConfig, workers: int, reflection_url: str | None
-) -> PPOConfig:
+@dataclass(frozen=True)
+class PolicySpec:
+    """What the learner and every worker agree on: the model and the label tokens."""
+
+    model_dir: Path
+    label_token_ids: list[int]
+
+
+def preflight(config: ReflectRLConfig) -> PolicySpec:
+    """Everything that can fail on bad input, checked before Ray or vLLM start."""
     model_dir = resolve_model(config.policy.model)
     tokenizer = load_tokenizer(model_dir)
-    max_actions = make_text_env(config.env.name, config.env.options).max_actions
+    env = make_text_env(config.env.name, config.env.options)
+    Curriculum(config.curriculum, env.stages)  # unknown stage names fail here
+    max_actions = env.max_actions
     if max_actions > len(config.policy.labels):
         raise ConfigError(
             f"policy.labels has {len(config.policy.labels)} labels but env {config.env.name!r} "
             f"shows up to {max_actions} actions; add labels"
         )
-    label_ids = label_token_ids(
-        tokenizer, config.policy.labels[:max_actions], prompts.ACTION_MARKER
-    )
+    labels = config.policy.labels[:max_actions]
+    label_ids = label_token_ids(tokenizer, labels, prompts.ACTION_MARKER)
+    if config.reflection.enabled and config.reflection.server == "local":
+        resolve_model(config.reflection.model)
+    return PolicySpec(model_dir=model_dir, label_token_ids=label_ids)
+
+
+def _check_reachable(address: str) -> None:
+    """Fail in seconds on a dead `host:port` (ray.init would retry for minutes)."""
+    if "://" in address or address == "auto":
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--address {address!r}: expected HOST:PORT, ray://HOST:PORT or auto")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as err:
+        raise ConfigError(
+            f"cannot reach Ray at {address!r} ({err.strerror or err}); start it with "
+            "`ray start --head` or drop --address/RAY_ADDRESS for a local Ray"
+        ) from None
+
+
+def build_ppo_config(
+    config: ReflectRLConfig, spec: PolicySpec, workers: int, reflection_url: str | None
+) -> PPOConfig:
     ppo, lora = config.ppo, config.policy.lora
     # RLlib takes a registered name; the name lives in Ray's KV store, so workers find it.
     register_env(ENV_ID, make_vector_env)
@@ -163,8 +197,8 @@ def build_ppo_config(
             rl_module_spec=RLModuleSpec(
                 module_class=ReflectRLModule,
                 model_config={
-                    "model_dir": str(model_dir),
-                    "label_token_ids": label_ids,
+                    "model_dir": str(spec.model_dir),
+                    "label_token_ids": spec.label_token_ids,
                     "lora_r": lora.r,
                     "lora_alpha": lora.alpha,
                     "lora_target_modules": list(lora.target_modules),
@@ -184,6 +218,10 @@ class Run:
 
     def __init__(self, config: ReflectRLConfig, run_dir: Path, workers: int) -> None:
         self.config = config
+        self.spec = preflight(config)
+        if config.reflection.enabled and config.reflection.server == "url":
+            self._check_reflection_url(str(config.reflection.url))
+        self.last_saved = -1
         self.run_dir = run_dir
         self.workers = workers
         self.iteration = 0
@@ -206,8 +244,9 @@ class Run:
             self.reflection_actor, self.reflection_url = start_reflection_actor(r, self.log_path)
         elif r.enabled:
             self.reflection_url = r.url
-            self._check_reflection_url()
-        self.algo = build_ppo_config(self.config, self.workers, self.reflection_url).build_algo()
+        self.algo = build_ppo_config(
+            self.config, self.spec, self.workers, self.reflection_url
+        ).build_algo()
         callback = self.coordinator
         stages = make_text_env(self.config.env.name, self.config.env.options).stages
         callback.curriculum = Curriculum(self.config.curriculum, stages)
@@ -228,13 +267,12 @@ class Run:
                 return cb
         raise RuntimeError("the coordinator callback is missing from the algorithm")
 
-    def _check_reflection_url(self) -> None:
+    def _check_reflection_url(self, url: str) -> None:
         from reflectrl.rollout_workers.runner_env import make_reflection_client
 
-        client = make_reflection_client(self.config, str(self.reflection_url), 0)
-        if not client.health():
+        if not make_reflection_client(self.config, url, 0).health():
             raise ConfigError(
-                f"reflection.url {self.reflection_url} does not answer; start the server or set "
+                f"reflection.url {url} does not answer; start the server there or set "
                 "reflection.server=local"
             )
 
@@ -303,6 +341,7 @@ class Run:
         pointer_tmp = root / ".latest.tmp"
         pointer_tmp.write_text(name)
         pointer_tmp.replace(root / "latest")
+        self.last_saved = self.iteration
         return final
 
     def _restore(self, checkpoint: Path) -> None:
@@ -311,6 +350,7 @@ class Run:
         self.iteration = int(state["iteration"])
         self.env_steps = int(state["env_steps"])
         self.coordinator.curriculum.load_state_dict(state["curriculum"])
+        self.last_saved = self.iteration
 
     def close(self) -> None:
         if self.sink is not None:
@@ -341,17 +381,17 @@ def format_progress(row: dict[str, Any], total: int) -> str:
 
 def launch(opts: LaunchOptions) -> Path:
     config, run_dir, resume_from = resolve_run(opts)
+    run = Run(config, run_dir, opts.workers)  # checks models and labels before Ray starts
     dashboard = init_ray(opts.address, config, opts.workers)
     if dashboard:
         print(f"Ray dashboard: {dashboard}", flush=True)
-    run = Run(config, run_dir, opts.workers)
     try:
         run.start(resume_from)
         print(f"run directory: {run_dir}", flush=True)
         while run.iteration < config.run.iterations:
             row = run.train_iteration()
             print(format_progress(row, config.run.iterations), flush=True)
-        if run.iteration % config.run.checkpoint_every != 0 or resume_from is None:
+        if run.last_saved != run.iteration:
             run.save()
     finally:
         run.close()

@@ -45,7 +45,7 @@ def default_cache_dir() -> Path:
 
 
 def resolve_model(spec: str, cache_dir: Path | None = None) -> Path:
-    """Return a local HF model directory for `spec` ("smollm2", "tiny", a path, a cached hub name)."""
+    """A local HF model directory for `spec`: "smollm2", "tiny", a path, or a cached hub name."""
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     if spec == "smollm2":
         return _cached_build(cache, SMOLLM2_DIRNAME, _build_smollm2)
@@ -90,7 +90,7 @@ def load_causal_lm(model_dir: Path, dtype: torch.dtype = torch.float32) -> torch
 
 
 def zero_dropout_config(config: Any) -> list[str]:
-    """Set every dropout-like probability of `config` (and its sub-configs) to 0; return the names."""
+    """Set every dropout probability of `config` and its sub-configs to 0; return the names."""
     changed: list[str] = []
     for key, value in list(vars(config).items()):
         if hasattr(value, "to_dict") and hasattr(value, "model_type"):  # a nested PretrainedConfig
@@ -158,7 +158,8 @@ def _cached_build(cache: Path, name: str, build: Callable[[Path, Path], None]) -
     except ModelLoadError:
         raise
     except Exception as exc:
-        raise ModelLoadError(_one_line(f"building model {name!r} in {models} failed: {exc}")) from exc
+        message = f"building model {name!r} in {models} failed: {exc}"
+        raise ModelLoadError(_one_line(message)) from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
@@ -260,8 +261,9 @@ def _resolve_external(spec: str) -> Path:
     looks_like_path = spec.startswith((".", "/", "~")) or spec.count("/") > 1
     if path.exists() or looks_like_path or not _HUB_NAME.match(spec):
         if not path.is_dir():
+            problem = "is not a directory" if path.exists() else "does not exist"
             raise ModelLoadError(
-                f"model directory {path} does not exist; pass an HF model directory "
+                f"model directory {path} {problem}; pass an HF model directory "
                 "(with config.json), 'tiny' or 'smollm2'"
             )
         if not (path / "config.json").is_file():

@@ -1,0 +1,75 @@
+"""Env steps/s of the whole loop (sample + reflect + PPO update) with 1 and 2 rollout workers.
+
+Both variants run in one process against the same vLLM reflection server (started once), so the
+ratio compares like with like on a noisy machine.
+
+    python benchmarks/env_throughput.py [--config configs/smoke.yaml] [--iterations 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import print_table, write_results
+from reflectrl.config import load_config
+from reflectrl.models.loading import resolve_model
+from reflectrl.reflection.server import VLLMServer
+
+
+def measure(config_path: str, overrides: list[str], workers: int, iterations: int) -> dict:
+    import ray
+
+    from reflectrl.launch import Run
+
+    config = load_config(config_path, [*overrides, f"run.iterations={iterations}"])
+    ray.init(num_cpus=workers + 1, include_dashboard=False, log_to_driver=False)
+    run = Run(config, Path(tempfile.mkdtemp()) / "run", workers=workers)
+    try:
+        run.start()
+        rows = [run.train_iteration() for _ in range(iterations)]
+    finally:
+        run.close()
+        ray.shutdown()
+    timed = rows[1:]  # the first iteration includes warm-up
+    steps = sum(r["env_steps"] - p["env_steps"] for p, r in zip(rows, rows[1:], strict=False))
+    seconds = sum(r["iteration_s"] for r in timed)
+    return {
+        "workers": workers,
+        "env_steps_per_s": steps / seconds,
+        "iteration_s_median": float(np.median([r["iteration_s"] for r in timed])),
+        "reflection_calls": rows[-1]["reflection_calls"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--config", default="configs/smoke.yaml")
+    parser.add_argument("--iterations", type=int, default=4)
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    config = load_config(args.config)
+    log = Path(tempfile.mkdtemp()) / "vllm.log"
+    with VLLMServer(
+        resolve_model(config.reflection.model),
+        log,
+        served_model_name=config.reflection.served_model_name,
+        max_model_len=config.reflection.max_model_len,
+    ) as server:
+        overrides = ["reflection.server=url", f"reflection.url={server.url}"]
+        rows = [measure(args.config, overrides, w, args.iterations) for w in (1, 2)]
+    rows[1]["speedup_vs_1"] = rows[1]["env_steps_per_s"] / rows[0]["env_steps_per_s"]
+    print_table(rows, ["workers", "env_steps_per_s", "iteration_s_median", "speedup_vs_1"])
+    path = write_results(
+        "env_throughput", {"config": args.config, "iterations": args.iterations, "results": rows}
+    )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""Client of the frozen reflection model, over the OpenAI `/v1/completions` HTTP API.
+
+Any OpenAI-compatible server works (vLLM here). All prompts of a rollout worker go in one
+batched request (`prompt` is a list), because a CPU vLLM server is ~6x faster batched
+than one stream at a time; `mode="concurrent"` sends one request per prompt in parallel for
+servers that reject list prompts.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from time import sleep
+from types import TracebackType
+from typing import Any, Literal
+
+import httpx
+
+from reflectrl.errors import ReflectionServerError
+
+Mode = Literal["batch", "concurrent"]
+
+
+class ReflectionClient:
+    """Gets one reflection per prompt from `base_url` (e.g. `http://127.0.0.1:8000/v1`).
+
+    Connection errors, timeouts, HTTP 429 and 5xx are retried `max_retries` times with
+    exponential backoff (`backoff_s`, 2x, 4x, ...); other 4xx fail at once, since
+    repeating a rejected request cannot help. Counters: `calls` (reflections produced),
+    `requests` (HTTP requests sent, retries included), `retries`, `completion_tokens`.
+    The client can be pickled (e.g. into a Ray actor); the connection pool is recreated.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        max_tokens: int = 64,
+        temperature: float = 0.0,
+        stop: Sequence[str] = (" # Action", "\n\n"),
+        timeout_s: float = 60.0,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        seed: int | None = 0,
+        mode: Mode = "batch",
+        max_concurrency: int = 16,
+    ) -> None:
+        if mode not in ("batch", "concurrent"):
+            raise ValueError(f"mode must be 'batch' or 'concurrent', not {mode!r}")
+        if max_retries < 0:
+            raise ValueError("max_retries must be >= 0")
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.stop = tuple(stop)
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.seed = seed
+        self.mode: Mode = mode
+        self.max_concurrency = max_concurrency
+        self.calls = 0
+        self.requests = 0
+        self.retries = 0
+        self.completion_tokens = 0
+        self._lock = threading.Lock()  # counters are updated from threads in concurrent mode
+        self._http: httpx.Client | None = None
+
+    # --- public API -----------------------------------------------------------------------
+
+    def reflect(self, prompts: Sequence[str]) -> list[str]:
+        """One reflection (whitespace-stripped) per prompt, in the order of `prompts`."""
+        prompts = list(prompts)
+        if not prompts:
+            return []
+        if self.mode == "batch" or len(prompts) == 1:
+            texts = self._complete(prompts)
+        else:
+            workers = min(len(prompts), self.max_concurrency)
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                texts = [t for (t,) in pool.map(lambda p: self._complete([p]), prompts)]
+        with self._lock:
+            self.calls += len(texts)
+        return texts
+
+    def health(self) -> bool:
+        """True when the server answers `GET /models` and serves `self.model`."""
+        try:
+            response = self._client().get(
+                f"{self.base_url}/models", timeout=min(self.timeout_s, 5.0)
+            )
+            if response.status_code != 200:
+                return False
+            served = {entry.get("id") for entry in response.json().get("data", [])}
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return False
+        return self.model in served
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _payload(self, prompts: list[str]) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "model": self.model,
+            "prompt": prompts,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "n": 1,
+        }
+        if self.stop:
+            payload["stop"] = list(self.stop)
+        if self.seed is not None:
+            payload["seed"] = self.seed
+        return payload
+
+    def _complete(self, prompts: list[str]) -> list[str]:
+        body = self._post(f"{self.base_url}/completions", self._payload(prompts))
+        choices = body.get("choices") if isinstance(body, dict) else None
+        if not isinstance(choices, list):
+            raise ReflectionServerError(
+                f"reflection server at {self.base_url} sent a response without choices"
+            )
+        # Choices may come back in any order: `index` says which prompt each answers.
+        texts: list[str | None] = [None] * len(prompts)
+        for position, choice in enumerate(choices):
+            index = choice.get("index", position)
+            valid = isinstance(index, int) and 0 <= index < len(prompts)
+            if not valid or texts[index] is not None:
+                raise ReflectionServerError(
+                    f"reflection server at {self.base_url} sent a choice with bad index {index!r} "
+                    f"for {len(prompts)} prompts"
+                )
+            texts[index] = str(choice.get("text") or "").strip()
+        if any(text is None for text in texts):
+            raise ReflectionServerError(
+                f"reflection server at {self.base_url} answered {len(choices)} of "
+                f"{len(prompts)} prompts"
+            )
+        usage = body.get("usage") or {}
+        with self._lock:
+            self.completion_tokens += int(usage.get("completion_tokens") or 0)
+        return [text or "" for text in texts]
+
+    def _post(self, url: str, payload: dict[str, Any]) -> Any:
+        tries = self.max_retries + 1
+        reason = ""
+        for attempt in range(tries):
+            if attempt:
+                with self._lock:
+                    self.retries += 1
+                sleep(self.backoff_s * 2 ** (attempt - 1))
+            with self._lock:
+                self.requests += 1
+            try:
+                response = self._client().post(url, json=payload)
+            except httpx.TransportError as exc:  # connect errors, timeouts, broken connections
+                reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                continue
+            if response.status_code == 429 or response.status_code >= 500:
+                reason = f"HTTP {response.status_code}: {_error_message(response)}"
+                continue
+            if response.status_code >= 400:
+                raise ReflectionServerError(
+                    _one_line(
+                        f"reflection server at {self.base_url} rejected the request with "
+                        f"HTTP {response.status_code}: {_error_message(response)}; check "
+                        "reflection.model and the generation settings"
+                    )
+                )
+            try:
+                return response.json()
+            except ValueError as exc:
+                raise ReflectionServerError(
+                    f"reflection server at {self.base_url} sent a response that is not JSON"
+                ) from exc
+        raise ReflectionServerError(
+            _one_line(
+                f"reflection server at {self.base_url} unreachable after {tries} tries: "
+                f"{reason}; start it or fix reflection.url"
+            )
+        )
+
+    def _client(self) -> httpx.Client:
+        if self._http is None:
+            with self._lock:
+                if self._http is None:
+                    limits = httpx.Limits(max_connections=max(self.max_concurrency, 1) + 4)
+                    self._http = httpx.Client(timeout=httpx.Timeout(self.timeout_s), limits=limits)
+        return self._http
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_http"] = None
+        state["_lock"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> ReflectionClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _error_message(response: httpx.Response) -> str:
+    """The server's own error text (OpenAI `{"error": {"message": ...}}` when present)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:200] or response.reason_phrase
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict):
+            return str(error.get("message") or error.get("detail") or error)[:200]
+        return str(error)[:200]
+    return str(body)[:200]
+
+
+def _one_line(text: str, limit: int = 600) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."

@@ -1,0 +1,119 @@
+"""Bad input: one line naming the problem and the fix, exit code 2, no traceback, nothing lost."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = str(REPO / "configs" / "smoke.yaml")
+
+
+def reflectrl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.run(
+        [sys.executable, "-m", "reflectrl.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=REPO,
+    )
+
+
+def assert_usage_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in result.stderr
+    assert lines and lines[-1].startswith("reflectrl: error: "), result.stderr[-2000:]
+    assert len([ln for ln in lines if ln.startswith("reflectrl: error")]) == 1
+    for needle in needles:
+        assert needle in lines[-1]
+
+
+def test_help_lists_the_launch_options() -> None:
+    result = reflectrl("launch", "--help")
+    assert result.returncode == 0
+    for flag in (
+        "--workers",
+        "--config",
+        "--output",
+        "--iterations",
+        "--set",
+        "--address",
+        "--resume",
+    ):
+        assert flag in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--config", "/nonexistent/c.yaml"], ["/nonexistent/c.yaml", "does not exist"]),
+        (["--config", SMOKE, "--set", "ppo.bogus=1"], ["ppo.bogus: unknown key"]),
+        (["--config", SMOKE, "--set", "ppo.lr=fast"], ["ppo.lr", "'fast'"]),
+        (["--config", SMOKE, "--workers", "0"], ["--workers 0"]),
+        (["--config", SMOKE, "--set", "policy.model=/nonexistent/model"], ["/nonexistent/model"]),
+        (
+            [
+                "--config",
+                SMOKE,
+                "--set",
+                "reflection.server=url",
+                "--set",
+                "reflection.url=http://127.0.0.1:9/v1",
+            ],
+            ["reflection.url http://127.0.0.1:9/v1 does not answer"],
+        ),
+        (["--config", SMOKE, "--resume", "/nonexistent/run"], ["no config.yaml"]),
+    ],
+)
+def test_bad_input_before_anything_starts(args: list[str], needles: list[str]) -> None:
+    assert_usage_error(reflectrl("launch", *args), *needles)
+
+
+def test_output_with_an_earlier_run_is_refused_and_kept(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"iteration": 1}\n')
+    (run / "config.yaml").write_text("precious: true\n")
+    result = reflectrl("launch", "--config", SMOKE, "--output", str(run))
+    assert_usage_error(result, "--resume")
+    assert (run / "metrics.jsonl").read_text() == '{"iteration": 1}\n'
+    assert (run / "config.yaml").read_text() == "precious: true\n"
+
+
+@pytest.mark.integration
+def test_unreachable_ray_address(tmp_path: Path) -> None:
+    result = reflectrl(
+        "launch", "--config", SMOKE, "--address", "127.0.0.1:9", "--output", str(tmp_path / "r")
+    )
+    assert_usage_error(result, "cannot reach Ray at '127.0.0.1:9'")
+
+
+@pytest.mark.integration
+def test_reflection_server_that_fails_to_start_shows_its_log(
+    tmp_path: Path, tiny_dir: Path
+) -> None:
+    import shutil
+
+    broken = tmp_path / "broken-model"
+    shutil.copytree(tiny_dir, broken)
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    result = reflectrl(
+        "launch",
+        "--config",
+        SMOKE,
+        "--output",
+        str(tmp_path / "run"),
+        "--set",
+        f"reflection.model={broken}",
+        timeout=600,
+    )
+    assert_usage_error(result, "reflection")
+    assert (tmp_path / "run" / "reflection_server.log").is_file()

@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reflectrl.config import ReflectRLConfig, dump_config, load_config, parse_override
+from reflectrl.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_default_yaml_spells_out_the_defaults() -> None:
+    from_file = load_config(REPO / "configs" / "default.yaml")
+    assert from_file == ReflectRLConfig()
+
+
+def test_every_shipped_config_loads() -> None:
+    for path in (REPO / "configs").glob("*.yaml"):
+        load_config(path)
+
+
+def test_dump_round_trips(tmp_path: Path) -> None:
+    config = load_config(REPO / "configs" / "smoke.yaml", ["ppo.lr=0.5"])
+    path = tmp_path / "c.yaml"
+    path.write_text(dump_config(config))
+    assert load_config(path) == config
+
+
+def test_overrides_parse_yaml_values() -> None:
+    config = load_config(
+        None,
+        ["ppo.lr=3e-4", "reflection.enabled=false", "policy.lora.target_modules=[q_proj]"],
+    )
+    assert config.ppo.lr == pytest.approx(3e-4)
+    assert config.reflection.enabled is False
+    assert config.policy.lora.target_modules == ["q_proj"]
+    assert parse_override("env.name=dangerous_taxi") == (["env", "name"], "dangerous_taxi")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (["ppo.bogus=1"], "ppo.bogus: unknown key"),
+        (["ppo.lr=abc"], "ppo.lr"),
+        (["ppo.lr=-1"], "ppo.lr"),
+        (["env.options.max_stepz=3"], "env.options.max_stepz"),
+        (["env.name=nope"], "unknown env 'nope'"),
+        (["reflection.server=url"], "reflection.url is not set"),
+        (["novalue"], "KEY=VALUE"),
+        (["ppo.lr=1", "ppo.lr.x=1"], "not a section"),
+    ],
+)
+def test_bad_values_name_the_key(overrides: list[str], needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides)
+    message = str(err.value)
+    assert needle in message and "\n" not in message
+
+
+def test_bad_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("env: [unclosed\n")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(broken)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("3\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(scalar)
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(yaml.safe_dump({"polcy": {"model": "tiny"}}))
+    with pytest.raises(ConfigError, match="polcy: unknown key"):
+        load_config(typo)

