@@ -1,6 +1,6 @@
 """Bytes (and time) per weight sync to a rollout worker: LoRA-only state vs the full module state.
 
-    python benchmarks/weight_sync.py [--models tiny,smollm2]
+python benchmarks/weight_sync.py [--models tiny,smollm2]
 """
 
 from __future__ import annotations

@@ -371,12 +371,15 @@ def _scalar(value: Any) -> float | None:
 
 def format_progress(row: dict[str, Any], total: int) -> str:
     ret = row["episode_return_mean"]
-    return (
+    line = (
         f"iter {row['iteration']:>4}/{total}  env_steps {row['env_steps']:>7}  "
         f"success {row['success_rate']:.2f}  stage {row['stage']}  "
         f"return {'n/a' if ret is None else f'{ret:+.3f}'}  "
         f"steps/s {row['env_steps_per_s']:.1f}  reflections {row['reflection_calls']}"
     )
+    if row["restarted_workers"]:  # RLlib restarts crashed workers silently: say so
+        line += f"  RESTARTED WORKERS {row['restarted_workers']} (see the Ray logs)"
+    return line
 
 
 def launch(opts: LaunchOptions) -> Path:

@@ -146,6 +146,8 @@ def test_rl_module_syncs_lora_only_and_values_without_grad(
     out_l = learner.forward_inference(x)[Columns.ACTION_DIST_INPUTS]
     out_r = runner.forward_inference(x)[Columns.ACTION_DIST_INPUTS]
     assert torch.equal(out_l, out_r)
+    explore = runner.forward_exploration(x)[Columns.ACTION_DIST_INPUTS]
+    assert not out_r.requires_grad and not explore.requires_grad  # rollouts build no graph
     values = learner.compute_values(x)  # the GAE connector's call: no grad, micro-batched
     assert values.shape == (3,) and not values.requires_grad
     train_out = learner.forward_train(x)

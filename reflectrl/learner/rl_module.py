@@ -48,7 +48,9 @@ class ReflectRLModule(TorchRLModule, ValueFunctionAPI):
         }
 
     def _forward_inference(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-        out = self._forward(batch)
+        # Sampling never needs gradients: without no_grad every rollout step builds a graph.
+        with torch.no_grad():
+            out = self._forward(batch)
         out.pop(Columns.EMBEDDINGS)
         return out
 
