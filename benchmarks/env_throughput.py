@@ -36,7 +36,7 @@ def measure(config_path: str, overrides: list[str], workers: int, iterations: in
         run.close()
         ray.shutdown()
     timed = rows[1:]  # the first iteration includes warm-up
-    steps = sum(r["env_steps"] - p["env_steps"] for p, r in zip(rows, rows[1:], strict=False))
+    steps = rows[-1]["env_steps"] - rows[0]["env_steps"]
     seconds = sum(r["iteration_s"] for r in timed)
     return {
         "workers": workers,

@@ -1,23 +1,44 @@
-"""Command line: `reflectrl launch ...`. User errors print one line and exit with code 2."""
+"""Command line: `reflectrl launch ...` and the env tools. User errors print one line, exit 2.
+
+Each subcommand is registered by a `add_commands(subparsers)` function of the module that owns
+it; the parser of a subcommand sets `handler` (a function of the parsed args returning an exit
+code). Heavy imports happen inside handlers, so `--help` stays fast.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
+from typing import Any
 
 from reflectrl.errors import ReflectRLError
 
 EXIT_USAGE = 2
 
+# Modules that add subcommands besides `launch` (each defines `add_commands(subparsers)`).
+COMMAND_MODULES: tuple[str, ...] = ()
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="reflectrl",
-        description="Reflect-RL: PPO fine-tuning of an LM agent with a frozen reflection model.",
+
+def run_launch(args: argparse.Namespace) -> int:
+    from reflectrl.launch import LaunchOptions, launch
+
+    options = LaunchOptions(
+        workers=args.workers,
+        config_path=args.config,
+        output=args.output,
+        iterations=args.iterations,
+        overrides=args.overrides,
+        address=args.address,
+        resume=args.resume,
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    print(f"done: {launch(options)}")
+    return 0
+
+
+def add_launch_command(sub: Any) -> None:
     launch = sub.add_parser(
         "launch",
         help="train on a local Ray (default) or a Ray cluster",
@@ -38,8 +59,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     launch.add_argument("--address", help="join this Ray cluster (default: $RAY_ADDRESS or local)")
     launch.add_argument(
-        "--resume", metavar="DIR", help="continue the run in DIR from its checkpoint"
+        "--resume", metavar="DIR", help="continue the run in DIR from its latest checkpoint"
     )
+    launch.set_defaults(handler=run_launch)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="reflectrl",
+        description="Reflect-RL: PPO fine-tuning of an LM agent with a frozen reflection model.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_launch_command(sub)
+    for module in COMMAND_MODULES:
+        importlib.import_module(module).add_commands(sub)
     return parser
 
 
@@ -48,28 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
-        if args.command == "launch":
-            from reflectrl.launch import LaunchOptions, launch
-
-            run_dir = launch(
-                LaunchOptions(
-                    workers=args.workers,
-                    config_path=args.config,
-                    output=args.output,
-                    iterations=args.iterations,
-                    overrides=args.overrides,
-                    address=args.address,
-                    resume=args.resume,
-                )
-            )
-            print(f"done: {run_dir}")
+        return int(args.handler(args))
     except ReflectRLError as err:
         print(f"reflectrl: error: {err}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("reflectrl: interrupted", file=sys.stderr)
         return 130
-    return 0
 
 
 if __name__ == "__main__":

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,11 +25,12 @@ from reflectrl import prompts
 from reflectrl.config import ReflectRLConfig, dump_config, load_config
 from reflectrl.coordinator import CoordinatorCallback, Curriculum
 from reflectrl.envs.registry import make_text_env
-from reflectrl.errors import ConfigError
+from reflectrl.errors import ConfigError, ReflectionServerError
 from reflectrl.learner.rl_module import ReflectRLModule, state_nbytes
 from reflectrl.metrics import MetricsSink
 from reflectrl.models.loading import load_tokenizer, resolve_model
 from reflectrl.models.tokens import label_token_ids
+from reflectrl.ray_cluster import init_ray
 from reflectrl.rollout_workers.runner_env import env_config_for, make_vector_env
 
 logger = logging.getLogger(__name__)
@@ -87,35 +86,6 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return path
 
 
-def init_ray(address: str | None, config: ReflectRLConfig, workers: int) -> str | None:
-    """Join `address` (or RAY_ADDRESS), else start a local Ray; returns the dashboard URL."""
-    address = address or os.environ.get("RAY_ADDRESS")
-    runtime_env = {"env_vars": {"HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}}
-    if address:
-        _check_reachable(address)
-        try:
-            ctx = ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
-        except (ConnectionError, RuntimeError, ValueError) as err:
-            raise ConfigError(
-                f"cannot reach Ray at {address!r} ({str(err).splitlines()[0][:160]}); start it "
-                "with `ray start --head` or drop --address/RAY_ADDRESS for a local Ray"
-            ) from None
-    else:
-        # A local single-user cluster on loopback: token auth off, dashboard on 127.0.0.1.
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        ctx = ray.init(
-            num_cpus=max(os.cpu_count() or 1, workers + 1),
-            include_dashboard=True,
-            dashboard_host=config.run.dashboard_host,
-            dashboard_port=config.run.dashboard_port,
-            runtime_env=runtime_env,
-            log_to_driver=False,
-        )
-    url = getattr(ctx, "dashboard_url", None)
-    return f"http://{url}" if url and not url.startswith("http") else url
-
-
 @dataclass(frozen=True)
 class PolicySpec:
     """What the learner and every worker agree on: the model and the label tokens."""
@@ -141,22 +111,6 @@ def preflight(config: ReflectRLConfig) -> PolicySpec:
     if config.reflection.enabled and config.reflection.server == "local":
         resolve_model(config.reflection.model)
     return PolicySpec(model_dir=model_dir, label_token_ids=label_ids)
-
-
-def _check_reachable(address: str) -> None:
-    """Fail in seconds on a dead `host:port` (ray.init would retry for minutes)."""
-    if "://" in address or address == "auto":
-        return
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise ConfigError(f"--address {address!r}: expected HOST:PORT, ray://HOST:PORT or auto")
-    try:
-        socket.create_connection((host, int(port)), timeout=5).close()
-    except OSError as err:
-        raise ConfigError(
-            f"cannot reach Ray at {address!r} ({err.strerror or err}); start it with "
-            "`ray start --head` or drop --address/RAY_ADDRESS for a local Ray"
-        ) from None
 
 
 def build_ppo_config(
@@ -222,6 +176,7 @@ class Run:
         if config.reflection.enabled and config.reflection.server == "url":
             self._check_reflection_url(str(config.reflection.url))
         self.last_saved = -1
+        self.restarts_seen = 0
         self.run_dir = run_dir
         self.workers = workers
         self.iteration = 0
@@ -283,6 +238,9 @@ class Run:
         seconds = time.perf_counter() - started
         self.iteration += 1
         ours = result.get("reflectrl", {})
+        if ours.get("restarted_workers", 0) > self.restarts_seen:
+            self.restarts_seen = ours["restarted_workers"]
+            self._check_reflection_alive()
         steps = int(ours.get("env_steps", 0))
         self.env_steps += steps
         learner = result.get("learners", {}).get(DEFAULT_MODULE_ID, {})
@@ -311,6 +269,18 @@ class Run:
         if self.iteration % self.config.run.checkpoint_every == 0:
             self.save()
         return row
+
+    def _check_reflection_alive(self) -> None:
+        """Workers crashed: if the reflection server is gone, stop with a clear error."""
+        if not (self.config.reflection.enabled and self.reflection_url):
+            return
+        from reflectrl.rollout_workers.runner_env import make_reflection_client
+
+        if not make_reflection_client(self.config, self.reflection_url, 0).health():
+            raise ReflectionServerError(
+                f"the reflection server at {self.reflection_url} stopped answering and rollout "
+                f"workers failed; see {self.log_path} (local server) and restart with --resume"
+            )
 
     def weight_sync_bytes(self) -> int:
         """Bytes sent to each rollout worker per sync (the LoRA tensors only)."""
@@ -391,11 +361,13 @@ def launch(opts: LaunchOptions) -> Path:
     try:
         run.start(resume_from)
         print(f"run directory: {run_dir}", flush=True)
-        while run.iteration < config.run.iterations:
-            row = run.train_iteration()
-            print(format_progress(row, config.run.iterations), flush=True)
-        if run.last_saved != run.iteration:
-            run.save()
+        try:
+            while run.iteration < config.run.iterations:
+                row = run.train_iteration()
+                print(format_progress(row, config.run.iterations), flush=True)
+        finally:  # also on Ctrl-C or a failure: keep what was learned so far
+            if run.algo is not None and run.iteration > 0 and run.last_saved != run.iteration:
+                print(f"saved {run.save()}", flush=True)
     finally:
         run.close()
         ray.shutdown()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +57,10 @@ def make_text_env(name: str, options: dict[str, Any] | BaseModel | None = None) 
     return spec.factory(validate_env_options(name, options or {}))
 
 
+# Importing one of these modules registers its env(s); done lazily, on first lookup.
+BUILTIN_ENV_MODULES = ("reflectrl.envs.taxi",)
+
+
 def _load_builtin_envs() -> None:
-    # Importing the env modules registers them; kept lazy so `envs` has no import-time cost.
-    import reflectrl.envs.taxi  # noqa: F401
+    for module in BUILTIN_ENV_MODULES:
+        importlib.import_module(module)

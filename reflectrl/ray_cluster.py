@@ -1,0 +1,56 @@
+"""Starting or joining Ray: a local single-user cluster on loopback, or an existing cluster."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import ray
+
+from reflectrl.config import ReflectRLConfig
+from reflectrl.errors import ConfigError
+
+
+def init_ray(address: str | None, config: ReflectRLConfig, workers: int) -> str | None:
+    """Join `address` (or RAY_ADDRESS), else start a local Ray; returns the dashboard URL."""
+    address = address or os.environ.get("RAY_ADDRESS")
+    runtime_env = {"env_vars": {"HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}}
+    if address:
+        _check_reachable(address)
+        try:
+            ctx = ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as err:
+            raise ConfigError(
+                f"cannot reach Ray at {address!r} ({str(err).splitlines()[0][:160]}); start it "
+                "with `ray start --head` or drop --address/RAY_ADDRESS for a local Ray"
+            ) from None
+    else:
+        # A local single-user cluster on loopback: token auth off, dashboard on 127.0.0.1.
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        ctx = ray.init(
+            num_cpus=max(os.cpu_count() or 1, workers + 1),
+            include_dashboard=True,
+            dashboard_host=config.run.dashboard_host,
+            dashboard_port=config.run.dashboard_port,
+            runtime_env=runtime_env,
+            log_to_driver=False,
+        )
+    url = getattr(ctx, "dashboard_url", None)
+    return f"http://{url}" if url and not url.startswith("http") else url
+
+
+def _check_reachable(address: str) -> None:
+    """Fail in seconds on a dead `host:port` (ray.init would retry for minutes)."""
+    if "://" in address or address == "auto":
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--address {address!r}: expected HOST:PORT, ray://HOST:PORT or auto")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as err:
+        raise ConfigError(
+            f"cannot reach Ray at {address!r} ({err.strerror or err}); start it with "
+            "`ray start --head` or drop --address/RAY_ADDRESS for a local Ray"
+        ) from None
