@@ -107,6 +107,9 @@ class RunConfig(Strict):
     checkpoint_every: int = Field(10, ge=1)
     num_gpus_per_learner: float = Field(0.0, ge=0)
     restart_failed_workers: bool = True
+    # How long one iteration's sampling may take before RLlib gives up on a worker's batch; an
+    # LM policy plus a reflection per step is far slower than RLlib's 60 s default expects.
+    sample_timeout_s: float = Field(3600.0, gt=0)
     dashboard_host: str = "127.0.0.1"
     dashboard_port: int = Field(8265, ge=1, le=65535)
 

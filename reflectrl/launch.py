@@ -129,6 +129,7 @@ def build_ppo_config(
             # The driver holds the learner's copy of the LM; no second one for sampling.
             create_local_env_runner=False,
             rollout_fragment_length="auto",
+            sample_timeout_s=config.run.sample_timeout_s,
             num_cpus_per_env_runner=1,
         )
         .learners(num_learners=0, num_gpus_per_learner=config.run.num_gpus_per_learner)

@@ -29,6 +29,7 @@ def init_ray(address: str | None, config: ReflectRLConfig, workers: int) -> str 
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         ctx = ray.init(
+            _node_ip_address="127.0.0.1",  # every Ray server of a local run on loopback only
             num_cpus=max(os.cpu_count() or 1, workers + 1),
             include_dashboard=True,
             dashboard_host=config.run.dashboard_host,
