@@ -178,6 +178,7 @@ class Run:
             self._check_reflection_url(str(config.reflection.url))
         self.last_saved = -1
         self.restarts_seen = 0
+        self.adapter_version = 0
         self.run_dir = run_dir
         self.workers = workers
         self.iteration = 0
@@ -245,6 +246,8 @@ class Run:
         steps = int(ours.get("env_steps", 0))
         self.env_steps += steps
         learner = result.get("learners", {}).get(DEFAULT_MODULE_ID, {})
+        updated = _scalar(learner.get("policy_loss")) is not None
+        self.adapter_version += int(updated)  # what the workers sample with from now on
         row = {
             "iteration": self.iteration,
             "env_steps": self.env_steps,
@@ -258,7 +261,8 @@ class Run:
             "env_steps_per_s": steps / seconds if seconds > 0 else 0.0,
             "iteration_s": seconds,
             "weight_sync_bytes": self.weight_sync_bytes(),
-            "adapter_version": self.iteration,
+            "adapter_version": self.adapter_version,
+            "updated": updated,
             "restarted_workers": ours.get("restarted_workers", 0),
             "truncated_prompts": ours.get("truncated_prompts", 0),
             "policy_loss": _scalar(learner.get("policy_loss")),
@@ -303,6 +307,7 @@ class Run:
         state = {
             "iteration": self.iteration,
             "env_steps": self.env_steps,
+            "adapter_version": self.adapter_version,
             "curriculum": self.coordinator.curriculum.state_dict(),
         }
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=2))
@@ -320,6 +325,7 @@ class Run:
         state = json.loads((checkpoint / STATE_FILE).read_text())
         self.iteration = int(state["iteration"])
         self.env_steps = int(state["env_steps"])
+        self.adapter_version = int(state["adapter_version"])
         self.coordinator.curriculum.load_state_dict(state["curriculum"])
         self.last_saved = self.iteration
 
@@ -348,6 +354,8 @@ def format_progress(row: dict[str, Any], total: int) -> str:
         f"return {'n/a' if ret is None else f'{ret:+.3f}'}  "
         f"steps/s {row['env_steps_per_s']:.1f}  reflections {row['reflection_calls']}"
     )
+    if not row["updated"]:  # e.g. no samples arrived within run.sample_timeout_s
+        line += "  NO POLICY UPDATE this iteration"
     if row["restarted_workers"]:  # RLlib restarts crashed workers silently: say so
         line += f"  RESTARTED WORKERS {row['restarted_workers']} (see the Ray logs)"
     return line

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +75,11 @@ def test_cli_smoke_run_writes_the_run_directory_and_resumes(tmp_path: Path) -> N
     assert (checkpoint / "adapter" / "adapter_config.json").is_file()
     state = json.loads((checkpoint / "reflectrl_state.json").read_text())
     assert state["iteration"] == 2 and state["curriculum"]["stage"] == "dropoff"
+    assert state["adapter_version"] == 2 and all(r["updated"] for r in rows)
+    with (checkpoint / "rllib" / "learner_group" / "learner" / "state.pkl").open("rb") as f:
+        learner_state = pickle.load(f)
+    optimizer = learner_state["optimizer"]["default_policy_default_optimizer"]["state"]
+    assert optimizer["state"], "the checkpoint must hold the optimizer's moments"
 
     # Resume continues the same run: iteration 3 appended, curriculum stage kept.
     result = reflectrl("--workers", "2", "--resume", str(run), "--iterations", "3")
