@@ -19,7 +19,9 @@ from reflectrl.errors import ReflectRLError
 EXIT_USAGE = 2
 
 # Modules that add subcommands besides `launch` (each defines `add_commands(subparsers)`).
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = (
+    "reflectrl.envs.auto_explore.commands",
+)
 
 
 def run_launch(args: argparse.Namespace) -> int:

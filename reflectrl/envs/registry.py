@@ -58,7 +58,10 @@ def make_text_env(name: str, options: dict[str, Any] | BaseModel | None = None) 
 
 
 # Importing one of these modules registers its env(s); done lazily, on first lookup.
-BUILTIN_ENV_MODULES = ("reflectrl.envs.taxi",)
+BUILTIN_ENV_MODULES = (
+    "reflectrl.envs.taxi",
+    "reflectrl.envs.auto_explore",
+)
 
 
 def _load_builtin_envs() -> None:
