@@ -29,11 +29,11 @@ def init_ray(address: str | None, config: ReflectRLConfig, workers: int) -> str 
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         ctx = ray.init(
-            _node_ip_address="127.0.0.1",  # every Ray server of a local run on loopback only
+            _node_ip_address="127.0.0.1",  # Ray's servers on loopback, where Ray lets us
             num_cpus=max(os.cpu_count() or 1, workers + 1),
             include_dashboard=True,
             dashboard_host=config.run.dashboard_host,
-            dashboard_port=config.run.dashboard_port,
+            dashboard_port=_free_port(config.run.dashboard_host, config.run.dashboard_port),
             runtime_env=runtime_env,
             log_to_driver=False,
         )
@@ -55,3 +55,15 @@ def _check_reachable(address: str) -> None:
             f"cannot reach Ray at {address!r} ({err.strerror or err}); start it with "
             "`ray start --head` or drop --address/RAY_ADDRESS for a local Ray"
         ) from None
+
+
+def _free_port(host: str, preferred: int) -> int:
+    """`preferred` if nothing listens there, else any free port (two runs on one machine)."""
+    for port in (preferred, 0):
+        with socket.socket() as probe:
+            try:
+                probe.bind((host, port))
+            except OSError:
+                continue
+            return int(probe.getsockname()[1])
+    raise ConfigError(f"run.dashboard_host {host!r}: cannot bind any port there")
