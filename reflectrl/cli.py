@@ -21,6 +21,7 @@ EXIT_USAGE = 2
 # Modules that add subcommands besides `launch` (each defines `add_commands(subparsers)`).
 COMMAND_MODULES: tuple[str, ...] = (
     "reflectrl.envs.auto_explore.commands",
+    "reflectrl.envs.alfworld.commands",
 )
 
 
