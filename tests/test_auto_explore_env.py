@@ -13,9 +13,9 @@ import pytest
 
 from reflectrl.envs.auto_explore.env import AutoExploreEnv, AutoExploreOptions
 from reflectrl.envs.auto_explore.expert import (
-    expert_action,
     expert_plan,
     negative_plan,
+    run_expert_episode,
 )
 from reflectrl.envs.auto_explore.render import outline, render_file
 from reflectrl.envs.auto_explore.sandbox import ReadResult
@@ -302,11 +302,7 @@ def test_expert_solves_every_task_by_the_shortest_path(tmp_path: Path, repo: Pat
     env = make_env(tmp_path, repo)
     assert len(env.tasks) >= 7
     for task in env.tasks:
-        env.reset(options={"task_id": task.id})
-        done, info = False, {}
-        while not done:
-            _, _, terminated, truncated, info = env.step(expert_action(env))
-            done = terminated or truncated
+        info, terminated = run_expert_episode(env, task.id)
         assert info["success"] and terminated
         assert env.steps == (task.depth - 1) + 2  # cd per directory, cat, id
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from reflectrl.envs.auto_explore.env import AutoExploreEnv, AutoExploreOptions
-from reflectrl.envs.auto_explore.expert import expert_action
+from reflectrl.envs.auto_explore.expert import run_expert_episode
 from reflectrl.envs.auto_explore.render import render_file
 from reflectrl.envs.auto_explore.sandbox import Sandbox
 from reflectrl.envs.auto_explore.tasks import (
@@ -152,11 +152,7 @@ def test_package_roots_are_recorded_portably_and_solved_by_the_expert(tmp_path: 
     write_tasks(tasks, path)
     env = AutoExploreEnv(AutoExploreOptions(tasks=str(path), split="all"))
     for task in env.tasks:
-        env.reset(options={"task_id": task.id})
-        done, info = False, {}
-        while not done:
-            _, _, terminated, truncated, info = env.step(expert_action(env))
-            done = terminated or truncated
+        info, _ = run_expert_episode(env, task.id)
         assert info["success"]
 
 

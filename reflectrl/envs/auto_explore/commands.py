@@ -119,7 +119,7 @@ def run_check(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from reflectrl.envs.auto_explore.env import AutoExploreEnv, AutoExploreOptions
-    from reflectrl.envs.auto_explore.expert import expert_action
+    from reflectrl.envs.auto_explore.expert import run_expert_episode
 
     _check_settings(args)
     try:
@@ -135,11 +135,7 @@ def run_check(args: argparse.Namespace) -> int:
     env = AutoExploreEnv(options)
     successes, lengths = 0, []
     for task in env.tasks:
-        env.reset(options={"task_id": task.id})
-        done, info = False, {}
-        while not done:
-            _, _, terminated, truncated, info = env.step(expert_action(env))
-            done = terminated or truncated
+        info, _ = run_expert_episode(env, task.id)
         successes += bool(info["success"])
         lengths.append(env.steps)
     rate = successes / len(env.tasks)

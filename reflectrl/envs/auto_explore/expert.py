@@ -41,6 +41,15 @@ def expert_action(env: AutoExploreEnv) -> int:
         raise RuntimeError(f"expert command {command!r} is not on the menu") from None
 
 
+def run_expert_episode(env: AutoExploreEnv, task_id: str) -> tuple[dict, bool]:
+    """Play task `task_id` with the expert to the end: (last info, terminated)."""
+    env.reset(options={"task_id": task_id})
+    terminated, truncated, info = False, False, {}
+    while not (terminated or truncated):
+        _, _, terminated, truncated, info = env.step(expert_action(env))
+    return info, terminated
+
+
 def _route(cwd: RelPath, target: RelPath, read: set[RelPath]) -> list[str]:
     directory = target[:-1]
     common = 0
