@@ -159,6 +159,7 @@ def build_ppo_config(
                     "lora_target_modules": list(lora.target_modules),
                     "seed": config.run.seed,
                     "value_micro_batch": config.policy.value_micro_batch,
+                    "gradient_checkpointing": config.policy.gradient_checkpointing,
                 },
             )
         )

@@ -173,3 +173,20 @@ def test_dropout_in_the_model_config_is_switched_off(
     first, _ = policy(*args)
     second, _ = policy(*args)
     assert torch.equal(first, second)
+
+
+def test_gradient_checkpointing_changes_nothing_but_memory(
+    tiny_dir: Path, tokenizer: Any, batch: dict
+) -> None:
+    ids = label_token_ids(tokenizer, "123456", prompts.ACTION_MARKER)
+    grads = []
+    for checkpointing in (False, True):
+        policy = OptionPolicy(tiny_dir, ids, seed=3, gradient_checkpointing=checkpointing)
+        policy.train()
+        logits, values = policy(batch["input_ids"], batch["attention_mask"], batch["option_mask"])
+        (logits.logsumexp(-1).sum() + values.sum()).backward()
+        grads.append({n: p.grad.clone() for n, p in policy.named_parameters() if p.requires_grad})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], atol=1e-6, rtol=1e-5)
+    assert policy.lm.get_base_model().is_gradient_checkpointing

@@ -36,6 +36,7 @@ class ReflectRLModule(TorchRLModule, ValueFunctionAPI):
             lora_alpha=cfg["lora_alpha"],
             lora_target_modules=cfg["lora_target_modules"],
             seed=cfg["seed"],
+            gradient_checkpointing=cfg.get("gradient_checkpointing", True),
         )
         self.value_micro_batch = int(cfg["value_micro_batch"])
 

@@ -35,6 +35,7 @@ class OptionPolicy(nn.Module):
         lora_alpha: int = 16,
         lora_target_modules: Sequence[str] = ("q_proj", "v_proj"),
         seed: int = 0,
+        gradient_checkpointing: bool = True,
     ) -> None:
         super().__init__()
         torch.manual_seed(seed)  # LoRA and value-head init are seeded from the config
@@ -49,6 +50,12 @@ class OptionPolicy(nn.Module):
             bias="none",
             task_type="CAUSAL_LM",
         )
+        if gradient_checkpointing:
+            # Only in train mode (the PPO update): keeps one layer's activations instead of all
+            # of them; with dropout 0 the recomputation is exact. Rollouts (eval) are unaffected.
+            base.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
         self.lm = get_peft_model(base, lora)
         hidden = base.config.hidden_size
         self.value_head = nn.Linear(hidden, 1)
