@@ -42,6 +42,9 @@ bench: install
 	$(BIN)/python -m benchmarks.env_throughput
 	$(BIN)/python -m benchmarks.reflection_batching
 	$(BIN)/python -m benchmarks.weight_sync
+	$(BIN)/python -m benchmarks.learner_memory
+	$(BIN)/python -m benchmarks.auto_explore
+	$(BIN)/python -m benchmarks.alfworld
 
 clean:
 	rm -rf $(VENV) .pytest_cache

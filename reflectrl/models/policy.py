@@ -73,7 +73,7 @@ class OptionPolicy(nn.Module):
         """Final hidden state at the last real token of each right-padded row: [B, H]."""
         causal_lm = self.lm.get_base_model()
         trunk = causal_lm.base_model  # the decoder stack, without the LM head
-        out = trunk(input_ids=input_ids, attention_mask=attention_mask)
+        out = trunk(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         last = attention_mask.long().sum(dim=1) - 1
         if bool((last < 0).any()):
             raise ValueError("an observation has an empty attention mask")
