@@ -1,4 +1,4 @@
-"""Bytes (and time) per weight sync to a rollout worker: LoRA-only state vs the full module state.
+"""Bytes (and time) per weight sync to a rollout worker: LoRA + value head vs the full module state.
 
 python benchmarks/weight_sync.py [--models tiny,smollm2]
 """
@@ -30,6 +30,7 @@ def build(spec: str) -> ReflectRLModule:
             "input_ids": gym.spaces.Box(0, len(tokenizer) - 1, (256,), np.int64),
             "attention_mask": gym.spaces.Box(0, 1, (256,), np.int64),
             "option_mask": gym.spaces.Box(0.0, 1.0, (6,), np.float32),
+            "live": gym.spaces.Box(0, 1, (1,), np.int64),
         }
     )
     return RLModuleSpec(
@@ -43,7 +44,7 @@ def build(spec: str) -> ReflectRLModule:
             "lora_alpha": 16,
             "lora_target_modules": ["q_proj", "v_proj"],
             "seed": 0,
-            "value_micro_batch": 16,
+            "micro_batch_size": 8,
         },
     ).build()
 

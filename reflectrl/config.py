@@ -46,22 +46,34 @@ class PolicyConfig(Strict):
     # Menu labels in order; each must be one token of the tokenizer (checked at start-up).
     labels: str = "123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
     lora: LoraSettings = Field(default_factory=LoraSettings)
-    value_micro_batch: int = Field(16, ge=1)  # micro-batch of the no-grad value pass for GAE
-    # Recompute activations in the PPO backward pass instead of storing them: SmolLM2 at
-    # minibatch 32 x 384 tokens needs ~15 GB of activations without it.
-    gradient_checkpointing: bool = True
+    # How the LM is run; none of these changes what is learned (tests compare losses and
+    # gradients with and without them).
+    # Rows per LM forward/backward in the PPO update and the GAE value pass: gradients are
+    # accumulated over a minibatch, so memory is bounded by this, not by ppo.minibatch_size.
+    micro_batch_size: int = Field(8, ge=1)
+    # Run the LM only up to the longest real row of each (micro-)batch (prompts are
+    # right-padded to env.max_prompt_tokens); rows are grouped by length in the update.
+    trim_padding: bool = True
+    # Take the GAE values of sampled rows from the rollout pass that computed their actions
+    # (same weights, checked per row); only bootstrap rows go through the LM again.
+    values_from_rollouts: bool = True
+    # Recompute activations in the backward pass instead of storing them (~1.2x slower; for
+    # models whose micro-batch activations do not fit memory).
+    gradient_checkpointing: bool = False
 
 
 class ReflectionConfig(Strict):
     enabled: bool = True  # false: the no-reflection ablation
     server: Literal["local", "url"] = "local"
     url: str | None = None  # an OpenAI-compatible base URL, e.g. http://host:8000/v1
-    model: str = "smollm2"  # what the local server serves ("smollm2", "tiny", or a directory)
+    # What the local server serves ("smollm2", "tiny", or a directory). With server=url its
+    # tokenizer measures reflection prompts against max_model_len: name the served model.
+    model: str = "smollm2"
     served_model_name: str = "reflection"
     device: Literal["cpu", "cuda"] = "cpu"
     host: str = "127.0.0.1"
     port: int = Field(0, ge=0, le=65535)  # 0: a free port
-    max_model_len: int = Field(1024, ge=64)
+    max_model_len: int = Field(1024, ge=64)  # prompt + reflection tokens the server accepts
     num_gpus: float = Field(0.0, ge=0)
     startup_timeout_s: float = Field(600.0, gt=0)
     max_tokens: int = Field(48, ge=1)
@@ -81,14 +93,36 @@ class PPOSettings(Strict):
     gamma: float = Field(0.99, ge=0, le=1)
     lambda_: float = Field(0.95, ge=0, le=1)
     clip_param: float = Field(0.2, gt=0)
-    vf_clip_param: float = Field(10.0, gt=0)
+    # RLlib clamps the *squared* value error at this: beyond it the value gradient is 0. Our
+    # returns stay within a few units (rewards scaled to ~1), so 100 (errors up to 10) never
+    # freezes the critic; 10 could (an error of 3.2, e.g. V=1.8 for a return of -1.5).
+    vf_clip_param: float = Field(100.0, gt=0)
     vf_loss_coeff: float = Field(0.5, ge=0)
     entropy_coeff: float = Field(0.01, ge=0)
     kl_coeff: float = Field(0.0, ge=0)
     num_epochs: int = Field(2, ge=1)
     minibatch_size: int = Field(32, ge=1)
-    train_batch_size: int = Field(128, ge=1)  # env steps per iteration, per learner
+    # Env steps each env takes per sampling round. Short fragments cut almost every episode
+    # into chunks that GAE bootstraps from an untrained critic.
+    rollout_fragment_length: int = Field(16, ge=1)
+    # Env steps per iteration. None: workers x env.envs_per_worker x rollout_fragment_length
+    # (one round); otherwise a multiple of that (RLlib drops what overshoots a round).
+    train_batch_size: int | None = Field(None, ge=1)
     grad_clip: float = Field(1.0, gt=0)
+
+    def batch_size(self, workers: int, envs_per_worker: int) -> int:
+        """Env steps per iteration for this many workers; ConfigError when it cannot work."""
+        round_size = workers * envs_per_worker * self.rollout_fragment_length
+        if self.train_batch_size is None:
+            return round_size
+        if self.train_batch_size % round_size:
+            raise ConfigError(
+                f"ppo.train_batch_size={self.train_batch_size} is not a multiple of one sampling "
+                f"round: {workers} workers x env.envs_per_worker={envs_per_worker} x "
+                f"ppo.rollout_fragment_length={self.rollout_fragment_length} = {round_size}; "
+                "leave ppo.train_batch_size unset or change those keys"
+            )
+        return self.train_batch_size
 
 
 class StageConfig(Strict):
@@ -110,6 +144,12 @@ class RunConfig(Strict):
     checkpoint_every: int = Field(10, ge=1)
     num_gpus_per_learner: float = Field(0.0, ge=0)
     restart_failed_workers: bool = True
+    # Stop the run (one line naming the last worker error) when rollout workers fail in this
+    # many iterations in a row, instead of restarting them forever.
+    max_failed_iterations: int = Field(3, ge=1)
+    # How long a failed rollout worker waits before it exits and Ray restarts it (RLlib's
+    # default is 60 s per restart).
+    worker_restart_delay_s: float = Field(10.0, ge=0)
     # How long one iteration's sampling may take before RLlib gives up on a worker's batch; an
     # LM policy plus a reflection per step is far slower than RLlib's 60 s default expects.
     sample_timeout_s: float = Field(3600.0, gt=0)

@@ -4,10 +4,16 @@ to the next curriculum stage when the success rate over the last window passes i
 `Curriculum` is the decision (pure Python, tested alone); `CoordinatorCallback` is the thin
 RLlib hook that feeds it each iteration, pushes the stage to every EnvRunner, and re-applies it
 to EnvRunners that RLlib restarted (they come back with the original env config).
+
+Workers report per-iteration counts (env steps, reflections, ...) and the coordinator keeps the
+run's totals, so a restarted worker (its counts back at 0) never makes a total go backwards.
+It also keeps each worker's latest env random state: checkpoints save it, and a restarted or
+resumed worker continues its streams instead of replaying its first start states.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import deque
 from collections.abc import Sequence
@@ -17,6 +23,7 @@ from ray.rllib.callbacks.callbacks import RLlibCallback
 
 from reflectrl.config import CurriculumConfig, StageConfig
 from reflectrl.errors import ConfigError
+from reflectrl.metrics import WORKER_COUNTERS as COUNTERS
 
 logger = logging.getLogger(__name__)
 
@@ -93,9 +100,12 @@ class Curriculum:
         self.recent = deque((bool(x) for x in state["recent"]), maxlen=self.window)
 
 
-def _set_stage(runner: Any, stage: str) -> str:
-    runner.env.unwrapped.set_stage(stage)
-    return runner.env.unwrapped.stage
+def _set_stage(runner: Any, stage: str, random_state: dict[str, Any] | None) -> str:
+    env = runner.env.unwrapped
+    env.set_stage(stage)
+    if random_state is not None:
+        env.set_random_state(random_state)
+    return env.stage
 
 
 def _pop_stats(runner: Any) -> dict[str, Any]:
@@ -103,22 +113,46 @@ def _pop_stats(runner: Any) -> dict[str, Any]:
 
 
 class CoordinatorCallback(RLlibCallback):
-    """Lives in the driver. `curriculum` is attached by the launcher before training starts."""
+    """The coordinator lives in the driver (`curriculum` is attached by the launcher before
+    training starts); in rollout workers the same class only seeds each new vector env."""
 
     def __init__(self) -> None:
         super().__init__()
         self.curriculum: Curriculum | None = None
         self.restarted_workers = 0
-        self.reflection_calls: dict[int, int] = {}
+        self.totals = dict.fromkeys(COUNTERS, 0)
+        self.random_states: dict[int, dict[str, Any]] = {}  # worker index -> env random state
 
-    def push_stage(self, env_runner_group: Any, worker_ids: list[int] | None = None) -> list[str]:
+    def push_stage(
+        self,
+        env_runner_group: Any,
+        worker_ids: list[int] | None = None,
+        with_random_state: bool = False,
+    ) -> list[str]:
+        """Send the stage (and, for restored or restarted workers, their last random state)."""
         assert self.curriculum is not None
         stage = self.curriculum.stage
+        ids = worker_ids if worker_ids is not None else env_runner_group.healthy_worker_ids()
+        if not ids:  # (RLlib reads an empty id list as "every worker")
+            return []
+        calls = [
+            functools.partial(
+                _set_stage,
+                stage=stage,
+                random_state=self.random_states.get(worker_id) if with_random_state else None,
+            )
+            for worker_id in ids
+        ]
+        # One call per worker, all in flight at once (RLlib pairs the lists by position).
         return env_runner_group.foreach_env_runner(
-            lambda runner: _set_stage(runner, stage),
-            local_env_runner=False,
-            remote_worker_ids=worker_ids,
+            calls, local_env_runner=False, remote_worker_ids=ids
         )
+
+    def on_environment_created(self, *, env_runner: Any, env: Any, **kwargs: Any) -> None:
+        # Runs in each rollout worker: RLlib's vector entry point loses the worker index, so
+        # the env is told here, before its first reset, to seed its streams for this worker.
+        if hasattr(env, "set_worker_index"):
+            env.set_worker_index(int(env_runner.worker_index))
 
     def on_train_result(self, *, algorithm: Any, result: dict, **kwargs: Any) -> None:
         if self.curriculum is None:
@@ -127,6 +161,11 @@ class CoordinatorCallback(RLlibCallback):
             _pop_stats, local_env_runner=False
         )
         episodes = [e for stats in per_worker for e in stats["episodes"]]
+        for stats in per_worker:
+            self.random_states[int(stats["worker_index"])] = stats["random_state"]
+        iteration = {key: sum(int(stats[key]) for stats in per_worker) for key in COUNTERS}
+        for key, value in iteration.items():
+            self.totals[key] += value
         stage_played = self.curriculum.stage
         self.curriculum.observe(episodes)
         success_rate = self.curriculum.success_rate
@@ -136,7 +175,8 @@ class CoordinatorCallback(RLlibCallback):
             self.push_stage(algorithm.env_runner_group)
         result["reflectrl"] = {
             "episodes": len(episodes),
-            "env_steps": sum(stats["env_steps"] for stats in per_worker),
+            "iteration_counts": iteration,
+            "totals": dict(self.totals),
             "success_rate": success_rate,
             "episode_return_mean": (
                 sum(e["episode_return"] for e in episodes) / len(episodes) if episodes else None
@@ -147,8 +187,6 @@ class CoordinatorCallback(RLlibCallback):
             "stage": stage_played,
             "next_stage": self.curriculum.stage,
             "worker_stages": [stats["stage"] for stats in per_worker],
-            "reflection_calls": sum(stats["reflection_calls"] for stats in per_worker),
-            "truncated_prompts": sum(stats["truncated_prompts"] for stats in per_worker),
             "restarted_workers": self.restarted_workers,
         }
 
@@ -159,4 +197,20 @@ class CoordinatorCallback(RLlibCallback):
         self.restarted_workers += len(env_runner_indices)
         logger.warning("rollout workers %s were restarted after a failure", env_runner_indices)
         if self.curriculum is not None and not kw.get("is_evaluation", False):
-            self.push_stage(env_runner_group, env_runner_indices)
+            self.push_stage(env_runner_group, env_runner_indices, with_random_state=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        assert self.curriculum is not None
+        return {
+            "curriculum": self.curriculum.state_dict(),
+            "totals": dict(self.totals),
+            "restarted_workers": self.restarted_workers,
+            "random_states": {str(k): v for k, v in self.random_states.items()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        assert self.curriculum is not None
+        self.curriculum.load_state_dict(state["curriculum"])
+        self.totals = {key: int(state.get("totals", {}).get(key, 0)) for key in COUNTERS}
+        self.restarted_workers = int(state.get("restarted_workers", 0))
+        self.random_states = {int(k): v for k, v in state.get("random_states", {}).items()}

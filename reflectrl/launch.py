@@ -11,6 +11,7 @@ import json
 import logging
 import shutil
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,12 +27,15 @@ from reflectrl.config import ReflectRLConfig, dump_config, load_config
 from reflectrl.coordinator import CoordinatorCallback, Curriculum
 from reflectrl.envs.registry import make_text_env
 from reflectrl.errors import ConfigError, ReflectionServerError
+from reflectrl.learner.ppo_learner import ReflectRLPPOLearner
 from reflectrl.learner.rl_module import ReflectRLModule, state_nbytes
 from reflectrl.metrics import MetricsSink
 from reflectrl.models.loading import load_tokenizer, resolve_model
 from reflectrl.models.tokens import label_token_ids
 from reflectrl.ray_cluster import init_ray
+from reflectrl.rollout_workers.error_sink import start_error_sink
 from reflectrl.rollout_workers.runner_env import env_config_for, make_vector_env
+from reflectrl.worker_failures import WorkerFailureWatch
 
 logger = logging.getLogger(__name__)
 
@@ -114,25 +118,37 @@ def preflight(config: ReflectRLConfig) -> PolicySpec:
 
 
 def build_ppo_config(
-    config: ReflectRLConfig, spec: PolicySpec, workers: int, reflection_url: str | None
+    config: ReflectRLConfig,
+    spec: PolicySpec,
+    workers: int,
+    reflection_url: str | None,
+    error_sink: str | None = None,
 ) -> PPOConfig:
-    ppo, lora = config.ppo, config.policy.lora
+    ppo, policy = config.ppo, config.policy
+    lora = policy.lora
+    train_batch = ppo.batch_size(workers, config.env.envs_per_worker)
     # RLlib takes a registered name; the name lives in Ray's KV store, so workers find it.
     register_env(ENV_ID, make_vector_env)
     return (
         PPOConfig()
-        .environment(env=ENV_ID, env_config=env_config_for(config, reflection_url))
+        .environment(env=ENV_ID, env_config=env_config_for(config, reflection_url, error_sink))
         .env_runners(
             num_env_runners=workers,
             num_envs_per_env_runner=config.env.envs_per_worker,
             gym_env_vectorize_mode="vector_entry_point",
             # The driver holds the learner's copy of the LM; no second one for sampling.
             create_local_env_runner=False,
-            rollout_fragment_length="auto",
+            # Explicit: "auto" is batch / (workers x envs), 1-2 steps per env with many workers,
+            # so almost every chunk would be cut and bootstrapped from the critic.
+            rollout_fragment_length=ppo.rollout_fragment_length,
             sample_timeout_s=config.run.sample_timeout_s,
             num_cpus_per_env_runner=1,
         )
-        .learners(num_learners=0, num_gpus_per_learner=config.run.num_gpus_per_learner)
+        .learners(
+            num_learners=0,
+            num_gpus_per_learner=config.run.num_gpus_per_learner,
+            learner_class=ReflectRLPPOLearner,
+        )
         .training(
             lr=ppo.lr,
             gamma=ppo.gamma,
@@ -145,7 +161,7 @@ def build_ppo_config(
             kl_coeff=ppo.kl_coeff,
             num_epochs=ppo.num_epochs,
             minibatch_size=ppo.minibatch_size,
-            train_batch_size_per_learner=ppo.train_batch_size,
+            train_batch_size_per_learner=train_batch,
             grad_clip=ppo.grad_clip,
         )
         .rl_module(
@@ -158,13 +174,18 @@ def build_ppo_config(
                     "lora_alpha": lora.alpha,
                     "lora_target_modules": list(lora.target_modules),
                     "seed": config.run.seed,
-                    "value_micro_batch": config.policy.value_micro_batch,
-                    "gradient_checkpointing": config.policy.gradient_checkpointing,
+                    "micro_batch_size": policy.micro_batch_size,
+                    "trim_padding": policy.trim_padding,
+                    "values_from_rollouts": policy.values_from_rollouts,
+                    "gradient_checkpointing": policy.gradient_checkpointing,
                 },
             )
         )
         .callbacks(CoordinatorCallback)
-        .fault_tolerance(restart_failed_env_runners=config.run.restart_failed_workers)
+        .fault_tolerance(
+            restart_failed_env_runners=config.run.restart_failed_workers,
+            delay_between_env_runner_restarts_s=config.run.worker_restart_delay_s,
+        )
         .debugging(seed=config.run.seed, log_level="WARN")
     )
 
@@ -175,6 +196,7 @@ class Run:
     def __init__(self, config: ReflectRLConfig, run_dir: Path, workers: int) -> None:
         self.config = config
         self.spec = preflight(config)
+        config.ppo.batch_size(workers, config.env.envs_per_worker)  # a bad shape fails here
         if config.reflection.enabled and config.reflection.server == "url":
             self._check_reflection_url(str(config.reflection.url))
         self.last_saved = -1
@@ -183,11 +205,12 @@ class Run:
         self.run_dir = run_dir
         self.workers = workers
         self.iteration = 0
-        self.env_steps = 0
         self.reflection_actor: Any = None
         self.reflection_url: str | None = None
         self.algo: Any = None
+        self.error_sink: Any = None
         self.sink: MetricsSink | None = None
+        self.failures = WorkerFailureWatch(config.run.max_failed_iterations)
 
     # -- set-up --------------------------------------------------------------------------
     def start(self, resume_from: Path | None = None) -> None:
@@ -202,16 +225,21 @@ class Run:
             self.reflection_actor, self.reflection_url = start_reflection_actor(r, self.log_path)
         elif r.enabled:
             self.reflection_url = r.url
+        sink_name = f"reflectrl-errors-{uuid.uuid4().hex[:12]}"
+        self.error_sink = start_error_sink(sink_name)
         self.algo = build_ppo_config(
-            self.config, self.spec, self.workers, self.reflection_url
+            self.config, self.spec, self.workers, self.reflection_url, sink_name
         ).build_algo()
         callback = self.coordinator
         stages = make_text_env(self.config.env.name, self.config.env.options).stages
         callback.curriculum = Curriculum(self.config.curriculum, stages)
         if resume_from is not None:
             self._restore(resume_from)
-        callback.push_stage(self.algo.env_runner_group)
-        self.sink = MetricsSink(self.run_dir, resume=resume_from is not None)
+        # Every worker gets the stage; after a resume also its env random streams.
+        callback.push_stage(self.algo.env_runner_group, with_random_state=True)
+        self.sink = MetricsSink(
+            self.run_dir, resume_from=self.iteration if resume_from is not None else None
+        )
 
     @property
     def log_path(self) -> Path:
@@ -235,17 +263,26 @@ class Run:
             )
 
     # -- the loop ------------------------------------------------------------------------
+    @property
+    def env_steps(self) -> int:
+        return int(self.coordinator.totals["env_steps"])
+
     def train_iteration(self) -> dict[str, Any]:
         started = time.perf_counter()
-        result = self.algo.train()
+        with self.failures:
+            result = self.algo.train()
         seconds = time.perf_counter() - started
         self.iteration += 1
         ours = result.get("reflectrl", {})
-        if ours.get("restarted_workers", 0) > self.restarts_seen:
-            self.restarts_seen = ours["restarted_workers"]
+        restarted = int(ours.get("restarted_workers", 0)) - self.restarts_seen
+        self.restarts_seen += restarted
+        if restarted:
             self._check_reflection_alive()
-        steps = int(ours.get("env_steps", 0))
-        self.env_steps += steps
+        group = self.algo.env_runner_group
+        reports = ray.get(self.error_sink.pop.remote())
+        self.failures.end_iteration(group.num_healthy_remote_workers(), self.workers, reports)
+        counts, totals = ours.get("iteration_counts", {}), ours.get("totals", {})
+        steps = int(counts.get("env_steps", 0))
         learner = result.get("learners", {}).get(DEFAULT_MODULE_ID, {})
         updated = _scalar(learner.get("policy_loss")) is not None
         self.adapter_version += int(updated)  # what the workers sample with from now on
@@ -258,14 +295,15 @@ class Run:
             "episode_len_mean": ours.get("episode_len_mean"),
             "stage": ours.get("stage"),
             "next_stage": ours.get("next_stage"),
-            "reflection_calls": ours.get("reflection_calls", 0),
+            "reflection_calls": totals.get("reflection_calls", 0),
             "env_steps_per_s": steps / seconds if seconds > 0 else 0.0,
             "iteration_s": seconds,
             "weight_sync_bytes": self.weight_sync_bytes(),
             "adapter_version": self.adapter_version,
             "updated": updated,
             "restarted_workers": ours.get("restarted_workers", 0),
-            "truncated_prompts": ours.get("truncated_prompts", 0),
+            "truncated_prompts": totals.get("truncated_prompts", 0),
+            "clipped_reflection_prompts": totals.get("clipped_reflection_prompts", 0),
             "policy_loss": _scalar(learner.get("policy_loss")),
             "vf_loss": _scalar(learner.get("vf_loss")),
             "entropy": _scalar(learner.get("entropy")),
@@ -309,7 +347,8 @@ class Run:
             "iteration": self.iteration,
             "env_steps": self.env_steps,
             "adapter_version": self.adapter_version,
-            "curriculum": self.coordinator.curriculum.state_dict(),
+            # curriculum, run totals, each worker's env random streams
+            **self.coordinator.state_dict(),
         }
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=2))
         if final.exists():
@@ -325,19 +364,27 @@ class Run:
         self.algo.restore_from_path(str(checkpoint / "rllib"))
         state = json.loads((checkpoint / STATE_FILE).read_text())
         self.iteration = int(state["iteration"])
-        self.env_steps = int(state["env_steps"])
         self.adapter_version = int(state["adapter_version"])
-        self.coordinator.curriculum.load_state_dict(state["curriculum"])
+        self.coordinator.load_state_dict(state)
+        self.restarts_seen = self.coordinator.restarted_workers
         self.last_saved = self.iteration
 
     def close(self) -> None:
+        """Release everything; never raises over the error that may be stopping the run."""
         if self.sink is not None:
             self.sink.close()
         if self.algo is not None:
             self.algo.stop()
         if self.reflection_actor is not None:
-            ray.get(self.reflection_actor.stop.remote())
+            try:
+                ray.get(self.reflection_actor.stop.remote(), timeout=60)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as err:
+                logger.warning("reflection server actor was already gone: %s", type(err).__name__)
             ray.kill(self.reflection_actor)
+            self.reflection_actor = None
+        if self.error_sink is not None:
+            ray.kill(self.error_sink)
+            self.error_sink = None
 
 
 def _scalar(value: Any) -> float | None:
@@ -368,17 +415,24 @@ def launch(opts: LaunchOptions) -> Path:
     dashboard = init_ray(opts.address, config, opts.workers)
     if dashboard:
         print(f"Ray dashboard: {dashboard}", flush=True)
+    failure: BaseException | None = None
     try:
         run.start(resume_from)
         print(f"run directory: {run_dir}", flush=True)
-        try:
-            while run.iteration < config.run.iterations:
-                row = run.train_iteration()
-                print(format_progress(row, config.run.iterations), flush=True)
-        finally:  # also on Ctrl-C or a failure: keep what was learned so far
-            if run.algo is not None and run.iteration > 0 and run.last_saved != run.iteration:
-                print(f"saved {run.save()}", flush=True)
+        while run.iteration < config.run.iterations:
+            row = run.train_iteration()
+            print(format_progress(row, config.run.iterations), flush=True)
+    except BaseException as err:  # re-raised below, once everything is saved and closed
+        failure = err
+    # Outside the except block on purpose: Ray and RLlib log with exc_info while shutting down,
+    # which would print the failure's traceback above its one-line message.
+    try:
+        # Also on Ctrl-C or a failure: keep what was learned so far.
+        if run.algo is not None and run.iteration > 0 and run.last_saved != run.iteration:
+            print(f"saved {run.save()}", flush=True)
     finally:
         run.close()
         ray.shutdown()
+    if failure is not None:
+        raise failure
     return run_dir

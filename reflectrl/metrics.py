@@ -7,6 +7,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+# What every rollout worker counts per iteration; the coordinator sums them into run totals.
+WORKER_COUNTERS = (
+    "env_steps",
+    "reflection_calls",
+    "truncated_prompts",
+    "clipped_reflection_prompts",
+)
+
 # Figures exported as Ray gauges (numeric, one value per iteration).
 GAUGES = (
     "env_steps",
@@ -22,12 +30,19 @@ GAUGES = (
 
 
 class MetricsSink:
-    def __init__(self, run_dir: Path, resume: bool = False) -> None:
+    """`resume_from`: the iteration of the checkpoint a resumed run continues from. Rows (and
+    TensorBoard points) after it were written by iterations the resume repeats: dropped."""
+
+    def __init__(self, run_dir: Path, resume_from: int | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.run_name = run_dir.name
-        self.jsonl = (run_dir / "metrics.jsonl").open("a" if resume else "w")
-        self.tensorboard = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        path = run_dir / "metrics.jsonl"
+        if resume_from is not None:
+            keep_rows_up_to(path, resume_from)
+        self.jsonl = path.open("a" if resume_from is not None else "w")
+        purge = None if resume_from is None else resume_from + 1
+        self.tensorboard = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge)
         self.gauges = _make_gauges()
 
     def write(self, row: dict[str, Any]) -> None:
@@ -44,6 +59,27 @@ class MetricsSink:
     def close(self) -> None:
         self.jsonl.close()
         self.tensorboard.close()
+
+
+def keep_rows_up_to(path: Path, iteration: int) -> None:
+    """Drop the rows of iterations after `iteration`; the file is replaced atomically."""
+    if not path.is_file():
+        return
+    lines = path.read_text().splitlines()
+    kept = [line for line in lines if _iteration_of(line) <= iteration]
+    if len(kept) == len(lines):
+        return
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(f"{line}\n" for line in kept))
+    tmp.replace(path)
+
+
+def _iteration_of(line: str) -> float:
+    """A row's iteration; a line cut short by a crash counts as after every checkpoint."""
+    try:
+        return int(json.loads(line)["iteration"])
+    except (ValueError, KeyError, TypeError):
+        return float("inf")
 
 
 def _make_gauges() -> dict[str, Any]:

@@ -7,11 +7,17 @@
 The policy answers with one label token right after ACTION_MARKER; the menu lists
 "<label>. <action>" lines, in the order given by `order` (a permutation of the env's actions,
 so per-step shuffling cannot be learned as label positions).
+
+Every prompt is `head + body + tail` (`Prompt`): the head is the task header, the body is the
+env's observation text, the tail holds the markers, the reflection and the menu. Fitting a
+prompt to a token budget asks the env for a shorter body first (it trims history, never the
+current state); only as a last resort is the end of the body cut. Head and tail are never cut.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from reflectrl.envs.base import TextObservation
 
@@ -20,8 +26,15 @@ ACTION_MARKER = " # Action:\n"
 MENU_HEADER = "\nValid actions:\n"
 
 
-def reflection_prompt(obs: TextObservation) -> str:
-    return f"{obs.instruction}\n{obs.observation}{ANALYZE_MARKER}"
+@dataclass(frozen=True)
+class Prompt:
+    head: str  # the task header
+    body: str  # the observation text
+    tail: str  # markers, reflection, menu
+
+    @property
+    def text(self) -> str:
+        return self.head + self.body + self.tail
 
 
 def render_menu(actions: Sequence[str], labels: Sequence[str], order: Sequence[int]) -> str:
@@ -33,16 +46,37 @@ def render_menu(actions: Sequence[str], labels: Sequence[str], order: Sequence[i
     return "\n".join(f"{labels[i]}. {actions[j]}" for i, j in enumerate(order))
 
 
+def reflection_parts(obs: TextObservation) -> Prompt:
+    return Prompt(f"{obs.instruction}\n", obs.observation, ANALYZE_MARKER)
+
+
+def policy_parts(
+    obs: TextObservation, reflection: str, labels: Sequence[str], order: Sequence[int]
+) -> Prompt:
+    menu = render_menu(obs.actions, labels, order)
+    tail = f"{ANALYZE_MARKER}{reflection.strip()}{MENU_HEADER}{menu}{ACTION_MARKER}"
+    return Prompt(f"{obs.instruction}\n", obs.observation, tail)
+
+
+def no_reflection_parts(
+    obs: TextObservation, labels: Sequence[str], order: Sequence[int]
+) -> Prompt:
+    menu = render_menu(obs.actions, labels, order)
+    return Prompt(f"{obs.instruction}\n", obs.observation, f"{MENU_HEADER}{menu}{ACTION_MARKER}")
+
+
+def reflection_prompt(obs: TextObservation) -> str:
+    return reflection_parts(obs).text
+
+
 def policy_prompt(
     obs: TextObservation, reflection: str, labels: Sequence[str], order: Sequence[int]
 ) -> str:
-    menu = render_menu(obs.actions, labels, order)
-    return f"{reflection_prompt(obs)}{reflection.strip()}{MENU_HEADER}{menu}{ACTION_MARKER}"
+    return policy_parts(obs, reflection, labels, order).text
 
 
 def no_reflection_prompt(obs: TextObservation, labels: Sequence[str], order: Sequence[int]) -> str:
-    menu = render_menu(obs.actions, labels, order)
-    return f"{obs.instruction}\n{obs.observation}{MENU_HEADER}{menu}{ACTION_MARKER}"
+    return no_reflection_parts(obs, labels, order).text
 
 
 def prompt_head(obs: TextObservation) -> str:

@@ -29,6 +29,15 @@ def tokenizer(tiny_dir: Path) -> Any:
 
 
 @pytest.fixture
+def server() -> Any:
+    """A scripted OpenAI-style server (tests/fake_openai_server.py)."""
+    from tests.fake_openai_server import running_server
+
+    with running_server() as state:
+        yield state
+
+
+@pytest.fixture
 def smoke_config() -> Any:
     from reflectrl.config import load_config
 

@@ -510,4 +510,22 @@ def test_rollout_vector_env_over_alfworld(data_dir: Path, tokenizer: Any) -> Non
             "Your task is to: " in p and p.endswith(" # Action:\n") for p in env.last_prompts
         )
         obs, *_ = env.step(np.array([rng.integers(m) for m in menus]))
-    assert env.truncated_prompts == 0 and env.pop_stats()["env_steps"] == 6
+    assert env.counters["truncated_prompts"] == 0 and env.pop_stats()["env_steps"] == 6
+
+
+def test_shorter_observations_trim_history_never_the_room(data_dir: Path) -> None:
+    env = AlfWorldEnv(AlfWorldOptions(data_dir=str(data_dir), max_steps=20, history=4))
+    obs, _ = env.reset(options={"game": 0})
+    room = obs.observation
+    for command in ("look", "inventory", "look", "inventory", "look", "inventory"):
+        obs, *_ = env.step(obs.actions.index(command))
+    assert obs.observation.count("\n> ") == 4
+    pairs = []
+    level = 1
+    while (shorter := env.shorter_observation(level)) is not None:
+        assert shorter.observation.startswith(room)  # the room description is never cut
+        assert shorter.instruction == obs.instruction and shorter.actions == obs.actions
+        assert len(shorter.observation) <= len(obs.observation)
+        pairs.append(shorter.observation.count("\n> "))
+        level += 1
+    assert pairs[:2] == [2, 1] and pairs[-1] == 1 and level > 3  # then feedback gets cut

@@ -134,14 +134,17 @@ def test_wrong_id_ends_with_the_horizon_penalty(tmp_path: Path, repo: Path) -> N
     assert reward == pytest.approx((-1 - 7) * SCALE)
 
 
-def test_running_out_of_steps_truncates_with_the_penalty(tmp_path: Path, repo: Path) -> None:
+def test_running_out_of_steps_terminates_with_the_penalty(tmp_path: Path, repo: Path) -> None:
+    # The observation shows the steps left, so the limit is a terminal the agent sees coming:
+    # `terminated` (no bootstrap on top of the penalty), never `truncated`.
     env = make_env(tmp_path, repo, max_steps=3)
     obs, _ = reset_to(env, "pkg/models.py")
+    assert "(3 steps left)" in obs.observation
     steps = []
     for command in ("cd pkg", "cd ..", "cd docs"):
         obs, *rest = env.step(obs.actions.index(command))
         steps.append(rest)
-    assert [s[1:3] for s in steps] == [[False, False], [False, False], [False, True]]
+    assert [s[1:3] for s in steps] == [[False, False], [False, False], [True, False]]
     assert steps[-1][0] == pytest.approx((-1 - 3) * SCALE)
     assert not steps[-1][3]["success"]
 
@@ -436,3 +439,53 @@ def test_cat_output_is_outline_first_and_within_budget() -> None:
 def test_tasks_model_rejects_mismatched_depth() -> None:
     with pytest.raises(ValueError):
         Task(id="x", root="/r", question="q", target="a/b.py", depth=1, split="train")
+
+
+def test_over_long_prompts_trim_history_and_output_never_the_listing(
+    tmp_path: Path, repo: Path, tokenizer: Any
+) -> None:
+    from reflectrl.config import load_config
+    from reflectrl.models.tokens import count_tokens
+    from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
+
+    big = "\n\n".join(f"def function_number_{i}(argument):\n    return argument" for i in range(60))
+    (repo / "pkg" / "big.py").write_text(big)
+    path = tasks_file(tmp_path, [str(repo)], settings=GenerationSettings(max_actions=20))
+    budget = 300
+    config = load_config(
+        None,
+        [
+            "env.name=auto_explore",
+            f"env.options.tasks={path}",
+            "env.options.split=all",
+            "env.options.max_steps=30",
+            "env.options.max_actions=20",
+            f"env.max_prompt_tokens={budget}",
+            "policy.model=tiny",
+            "reflection.enabled=false",
+        ],
+    )
+    vec = ReflectRLVectorEnv(config, tokenizer, None, num_envs=1)
+    vec.reset()
+    env = vec.envs[0]
+    commands = ["cd pkg", "cd sub", "cd ..", "cd sub", "cd ..", "cat models.py", "cat big.py"]
+    for command in commands:
+        vec.step(np.array([vec._orders[0].index(env.actions.index(command))]))
+    full = env._observation()
+    prompt = vec.last_prompts[0]
+    assert count_tokens(tokenizer, vec._policy(0, full, None).text) > budget  # needed trimming
+    assert vec.counters["truncated_prompts"] == 0  # ... and the env's own trimming sufficed
+    assert count_tokens(tokenizer, prompt) <= budget
+    listing = full.observation.split("Commands so far")[0]
+    assert listing.startswith("Current directory: pkg\nContents:\n") and listing in prompt
+    assert "steps left)" in prompt and prompt.endswith(" # Action:\n")
+    assert "def function_number_0" in prompt  # the start of the last output stays
+    assert "def function_number_20" in full.observation and "function_number_20" not in prompt
+    shortest = None
+    for level in range(1, 10):
+        shorter = env.shorter_observation(level)
+        if shorter is None:
+            break
+        shortest = shorter
+    assert shortest is not None and listing in shortest.observation
+    assert "Commands so far: ... (" in shortest.observation  # history gone, state kept

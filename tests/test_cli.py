@@ -71,6 +71,10 @@ def test_help_lists_the_launch_options() -> None:
             ["reflection.url http://127.0.0.1:9/v1 does not answer"],
         ),
         (["--config", SMOKE, "--resume", "/nonexistent/run"], ["no config.yaml"]),
+        (
+            ["--config", SMOKE, "--workers", "3", "--set", "ppo.train_batch_size=64"],
+            ["ppo.train_batch_size=64", "3 workers", "ppo.rollout_fragment_length=16 = 96"],
+        ),
     ],
 )
 def test_bad_input_before_anything_starts(args: list[str], needles: list[str]) -> None:

@@ -74,3 +74,14 @@ def test_bad_files(tmp_path: Path) -> None:
     typo.write_text(yaml.safe_dump({"polcy": {"model": "tiny"}}))
     with pytest.raises(ConfigError, match="polcy: unknown key"):
         load_config(typo)
+
+
+def test_batch_is_one_sampling_round_unless_a_multiple_is_set() -> None:
+    config = load_config(None)
+    assert config.ppo.train_batch_size is None and config.ppo.rollout_fragment_length >= 16
+    assert config.ppo.batch_size(workers=2, envs_per_worker=4) == 2 * 4 * 16
+    assert config.ppo.batch_size(workers=16, envs_per_worker=4) == 16 * 4 * 16
+    doubled = load_config(None, ["ppo.train_batch_size=256"])
+    assert doubled.ppo.batch_size(workers=2, envs_per_worker=4) == 256
+    with pytest.raises(ConfigError, match=r"ppo.train_batch_size=128 .* 16 workers"):
+        load_config(None, ["ppo.train_batch_size=128"]).ppo.batch_size(16, 4)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from reflectrl.config import load_config
+from tests.fake_openai_server import MODEL as REFLECTOR
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"
@@ -76,6 +77,8 @@ def test_cli_smoke_run_writes_the_run_directory_and_resumes(tmp_path: Path) -> N
     state = json.loads((checkpoint / "reflectrl_state.json").read_text())
     assert state["iteration"] == 2 and state["curriculum"]["stage"] == "dropoff"
     assert state["adapter_version"] == 2 and all(r["updated"] for r in rows)
+    assert state["totals"]["env_steps"] == rows[-1]["env_steps"]
+    assert sorted(state["random_states"]) == ["1", "2"]  # each worker's env streams
     with (checkpoint / "rllib" / "learner_group" / "learner" / "state.pkl").open("rb") as f:
         learner_state = pickle.load(f)
     optimizer = learner_state["optimizer"]["default_policy_default_optimizer"]["state"]
@@ -139,3 +142,158 @@ def test_weights_and_stage_reach_every_worker(
         assert row["stage"] == "dropoff"
     finally:
         run.close()
+
+
+def smoke_without_reflection(*overrides: str) -> Any:
+    return load_config(SMOKE, ["reflection.enabled=false", *overrides])
+
+
+def test_two_workers_sample_from_different_random_streams(ray_session: Any, tmp_path: Path) -> None:
+    # RLlib seeds each worker's torch stream (seed + worker index) before building the module;
+    # the module must not reseed it, or every worker's env i takes the same actions.
+    from reflectrl.launch import Run
+
+    config = smoke_without_reflection("env.options.fixed_start_seed=7")  # same observations
+    run = Run(config, tmp_path / "run", workers=2)
+    try:
+        run.start()
+
+        def actions(runner: Any) -> list[list[int]]:
+            episodes = runner.sample(num_timesteps=32, explore=True)
+            return [e.get_actions().tolist() for e in episodes]
+
+        first, second = run.algo.env_runner_group.foreach_env_runner(
+            actions, local_env_runner=False
+        )
+    finally:
+        run.close()
+    assert first != second
+
+
+def test_a_killed_worker_comes_back_in_the_current_stage(ray_session: Any, tmp_path: Path) -> None:
+    import os
+    import signal
+
+    from reflectrl.launch import Run
+
+    # A restarted worker comes back with the env's default stage (`full`): `dropoff` must be
+    # pushed to it again.
+    stages = (
+        "[{name: pickup, max_iterations: 1}, {name: dropoff, max_iterations: 50}, {name: full}]"
+    )
+    run = Run(smoke_without_reflection(f"curriculum.stages={stages}"), tmp_path / "run", workers=2)
+    try:
+        run.start()
+        run.train_iteration()  # `pickup` is capped at 1 iteration
+        group = run.algo.env_runner_group
+        (pid,) = group.foreach_env_runner(
+            lambda runner: os.getpid(), local_env_runner=False, remote_worker_ids=[1]
+        )
+        os.kill(pid, signal.SIGKILL)
+        rows = [run.train_iteration()]
+        while rows[-1]["restarted_workers"] == 0 and len(rows) < 10:  # Ray restarts it meanwhile
+            rows.append(run.train_iteration())
+        stages = group.foreach_env_runner(
+            lambda runner: runner.env.unwrapped.stage, local_env_runner=False
+        )
+        pids = group.foreach_env_runner(lambda runner: os.getpid(), local_env_runner=False)
+    finally:
+        run.close()
+    assert rows[-1]["restarted_workers"] >= 1 and pid not in pids
+    assert stages == ["dropoff", "dropoff"]  # re-applied to the restarted worker
+    assert rows[-1]["stage"] == "dropoff" and rows[-1]["env_steps"] > rows[0]["env_steps"]
+
+
+def test_resume_restores_optimizer_env_streams_and_metrics(
+    ray_session: Any, tmp_path: Path
+) -> None:
+    """A crash after iteration 2 whose checkpoint is iteration 1: the resumed run continues from
+    iteration 1 with the optimizer's moments in the live learner, every worker's env random
+    streams as checkpointed (no replay of iteration 1's start states), and metrics.jsonl cut
+    back to iteration 1 (no duplicate rows)."""
+    from reflectrl.launch import LaunchOptions, Run, resolve_run
+
+    run_dir = tmp_path / "run"
+    config = smoke_without_reflection("run.checkpoint_every=1", "run.iterations=3")
+    run = Run(config, run_dir, workers=2)
+    try:
+        run.start()
+        run.train_iteration()
+        run.train_iteration()
+    finally:
+        run.close()
+    (run_dir / "checkpoints" / "latest").write_text("iter_000001")  # iteration 2 "was lost"
+    checkpoint = run_dir / "checkpoints" / "iter_000001"
+    saved = json.loads((checkpoint / "reflectrl_state.json").read_text())
+    with (checkpoint / "rllib" / "learner_group" / "learner" / "state.pkl").open("rb") as f:
+        saved_optimizer = pickle.load(f)["optimizer"]
+    assert [r["iteration"] for r in read_rows(run_dir)] == [1, 2]
+
+    config, _, resume_from = resolve_run(LaunchOptions(workers=2, resume=str(run_dir)))
+    resumed = Run(config, run_dir, workers=2)
+    try:
+        resumed.start(resume_from)
+        assert resumed.iteration == 1 and resumed.env_steps == saved["totals"]["env_steps"]
+        assert [r["iteration"] for r in read_rows(run_dir)] == [1]
+        live = resumed.algo.learner_group.get_state(components="learner/optimizer")
+        live_optimizer = live["learner"]["optimizer"]
+        name = "default_policy_default_optimizer"
+        moments = saved_optimizer[name]["state"]["state"]
+        assert moments and live_optimizer[name]["state"]["state"].keys() == moments.keys()
+        for key, tensors in moments.items():
+            for part in ("exp_avg", "exp_avg_sq"):
+                np.testing.assert_array_equal(
+                    np.asarray(live_optimizer[name]["state"]["state"][key][part]),
+                    np.asarray(tensors[part]),
+                )
+        states = resumed.algo.env_runner_group.foreach_env_runner(
+            lambda runner: runner.env.unwrapped.random_state(), local_env_runner=False
+        )
+        assert [s["worker_index"] for s in states] == [1, 2]
+        for state in states:
+            assert state == saved["random_states"][str(state["worker_index"])]
+        row = resumed.train_iteration()
+    finally:
+        resumed.close()
+    assert row["iteration"] == 2 and row["env_steps"] > saved["totals"]["env_steps"]
+    assert [r["iteration"] for r in read_rows(run_dir)] == [1, 2]
+
+
+def test_close_does_not_mask_the_error_when_the_reflection_actor_is_dead(
+    ray_session: Any, tmp_path: Path
+) -> None:
+    import ray
+
+    from reflectrl.launch import Run
+
+    @ray.remote
+    class Stoppable:
+        def stop(self) -> None:
+            return None
+
+    run = Run(smoke_without_reflection(), tmp_path / "run", workers=1)
+    run.reflection_actor = Stoppable.remote()
+    ray.kill(run.reflection_actor)
+    run.close()  # no RayActorError: the run's own error (if any) stays the one reported
+    assert run.reflection_actor is None
+
+
+def test_a_server_that_fails_every_request_stops_the_run_with_one_line(
+    server: Any, tmp_path: Path
+) -> None:
+    # It answers health checks (GET /models) but every completion is an HTTP 500: each
+    # restarted worker fails again; the run must stop, not restart workers forever.
+    server.plan = [500] * 10_000
+    run = tmp_path / "run"
+    result = reflectrl(
+        "--workers", "1", "--config", str(SMOKE), "--iterations", "20", "--output", str(run),
+        "--set", "reflection.server=url", "--set", f"reflection.url={server.url}",
+        "--set", f"reflection.served_model_name={REFLECTOR}", "--set", "reflection.max_retries=0",
+        "--set", "run.max_failed_iterations=2", "--set", "run.worker_restart_delay_s=1",
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("reflectrl: error")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "failed in 2 iterations" in errors[0] and "HTTP 500" in errors[0], errors[0]
+    assert "ReflectionServerError" in errors[0]  # the worker's own error, not "exit code 1"
+    assert len(server.completions) <= 10  # bounded: a few iterations, not an endless loop

@@ -14,12 +14,15 @@ from reflectrl.config import load_config
 from reflectrl.models.policy import OptionPolicy
 from reflectrl.models.tokens import label_token_ids
 from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
+from tests.helpers import perturb
 
 
 @pytest.fixture(scope="module")
 def policy(tiny_dir: Path, tokenizer: Any) -> OptionPolicy:
     ids = label_token_ids(tokenizer, "123456", prompts.ACTION_MARKER)
-    return OptionPolicy(tiny_dir, ids, lora_target_modules=("q_proj", "v_proj"), seed=0)
+    policy = OptionPolicy(tiny_dir, ids, lora_target_modules=("q_proj", "v_proj"), seed=0)
+    perturb(policy)
+    return policy
 
 
 @pytest.fixture(scope="module")
@@ -99,14 +102,11 @@ def test_trainable_state_is_lora_and_value_head(policy: OptionPolicy, tmp_path: 
         policy.load_trainable_state({"nope": np.zeros(1)})
 
 
-def test_rl_module_syncs_lora_only_and_values_without_grad(
-    tiny_dir: Path, tokenizer: Any, batch: dict
-) -> None:
+def build_module(tiny_dir: Path, tokenizer: Any, **options: Any) -> Any:
     import gymnasium as gym
-    from ray.rllib.core.columns import Columns
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
-    from reflectrl.learner.rl_module import ReflectRLModule, state_nbytes
+    from reflectrl.learner.rl_module import ReflectRLModule
 
     ids = label_token_ids(tokenizer, "123456", prompts.ACTION_MARKER)
     obs_space = gym.spaces.Dict(
@@ -114,6 +114,7 @@ def test_rl_module_syncs_lora_only_and_values_without_grad(
             "input_ids": gym.spaces.Box(0, len(tokenizer) - 1, (384,), np.int64),
             "attention_mask": gym.spaces.Box(0, 1, (384,), np.int64),
             "option_mask": gym.spaces.Box(0.0, 1.0, (6,), np.float32),
+            "live": gym.spaces.Box(0, 1, (1,), np.int64),
         }
     )
     model_config = {
@@ -123,7 +124,8 @@ def test_rl_module_syncs_lora_only_and_values_without_grad(
         "lora_alpha": 8,
         "lora_target_modules": ["q_proj", "v_proj"],
         "seed": 0,
-        "value_micro_batch": 2,
+        "micro_batch_size": 2,
+        **options,
     }
     spec = RLModuleSpec(
         module_class=ReflectRLModule,
@@ -131,28 +133,139 @@ def test_rl_module_syncs_lora_only_and_values_without_grad(
         action_space=gym.spaces.Discrete(6),
         model_config=model_config,
     )
-    learner, runner = spec.build(), spec.build()
+    return spec.build()
+
+
+def test_rl_module_syncs_trainable_state_and_values_without_grad(
+    tiny_dir: Path, tokenizer: Any, batch: dict
+) -> None:
+    from ray.rllib.core.columns import Columns
+
+    from reflectrl.learner.rl_module import WEIGHTS_VERSION, state_nbytes
+
+    learner, runner = build_module(tiny_dir, tokenizer), build_module(tiny_dir, tokenizer)
     sync = learner.get_state(inference_only=True)
-    full = learner.get_state()
-    assert all("lora_" in k for k in sync) and "policy.value_head.weight" in full
+    weights = {k for k in sync if k != WEIGHTS_VERSION}
+    assert weights and all("lora_" in k or "value_head" in k for k in weights)
+    assert "policy.value_head.weight" in sync  # workers compute the rollout values for GAE
     whole_module = sum(v.numel() * v.element_size() for v in learner.state_dict().values())
     assert state_nbytes(sync) * 50 < whole_module  # LoRA is a small fraction of the LM
-    with torch.no_grad():
-        for p in learner.parameters():
-            if p.requires_grad:
-                p.add_(0.01)
+    perturb(learner)
+    learner.weights_version = 7
     runner.set_state(learner.get_state(inference_only=True))
+    assert runner.weights_version == 7
     x = {Columns.OBS: batch}
-    out_l = learner.forward_inference(x)[Columns.ACTION_DIST_INPUTS]
-    out_r = runner.forward_inference(x)[Columns.ACTION_DIST_INPUTS]
-    assert torch.equal(out_l, out_r)
+    out_l = learner.forward_inference(x)
+    out_r = runner.forward_inference(x)
+    assert torch.equal(out_l[Columns.ACTION_DIST_INPUTS], out_r[Columns.ACTION_DIST_INPUTS])
+    assert torch.equal(out_l[Columns.VF_PREDS], out_r[Columns.VF_PREDS])
+    assert out_r[WEIGHTS_VERSION].tolist() == [7, 7, 7]
     explore = runner.forward_exploration(x)[Columns.ACTION_DIST_INPUTS]
-    assert not out_r.requires_grad and not explore.requires_grad  # rollouts build no graph
+    assert not out_r[Columns.ACTION_DIST_INPUTS].requires_grad and not explore.requires_grad
     values = learner.compute_values(x)  # the GAE connector's call: no grad, micro-batched
     assert values.shape == (3,) and not values.requires_grad
     train_out = learner.forward_train(x)
     with_grad = learner.compute_values(x, embeddings=train_out[Columns.EMBEDDINGS])
     assert with_grad.requires_grad and torch.allclose(with_grad, values, atol=1e-5)
+    torch.testing.assert_close(out_l[Columns.VF_PREDS], values, atol=1e-5, rtol=1e-5)
+
+
+def count_lm_rows(module: Any) -> list[int]:
+    """Rows of every LM trunk call from now on (a forward hook on the decoder stack)."""
+    seen: list[int] = []
+    trunk = module.policy.lm.get_base_model().base_model
+    trunk.register_forward_hook(
+        lambda _m, _args, kwargs, _out: seen.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    return seen
+
+
+def test_rollouts_skip_the_lm_on_rows_that_are_not_live(
+    tiny_dir: Path, tokenizer: Any, batch: dict
+) -> None:
+    from ray.rllib.core.columns import Columns
+
+    module = build_module(tiny_dir, tokenizer)
+    perturb(module)
+    seen = count_lm_rows(module)
+    live = {**batch, "live": torch.tensor([[1], [0], [1]])}
+    out = module.forward_exploration({Columns.OBS: live})
+    assert seen == [2]  # the episode's last observation never reached the LM
+    full = module.forward_exploration({Columns.OBS: batch})
+    logits = out[Columns.ACTION_DIST_INPUTS]
+    torch.testing.assert_close(logits[[0, 2]], full[Columns.ACTION_DIST_INPUTS][[0, 2]])
+    # The placeholder is uniform over the menu: a valid action, never a masked one.
+    probs = logits[1].softmax(-1)
+    torch.testing.assert_close(probs, batch["option_mask"][1] / batch["option_mask"][1].sum())
+
+
+def test_gae_values_come_from_rollouts_only_when_the_weights_match(
+    tiny_dir: Path, tokenizer: Any, batch: dict
+) -> None:
+    from ray.rllib.core.columns import Columns
+
+    from reflectrl.learner.rl_module import WEIGHTS_VERSION
+
+    module = build_module(tiny_dir, tokenizer)
+    perturb(module)
+    module.weights_version = 4
+    exact = module.compute_values({Columns.OBS: batch})
+    seen = count_lm_rows(module)
+    rollout = torch.tensor([10.0, 20.0, 30.0])  # what the rollout said (sentinels)
+    gae_batch = {
+        Columns.OBS: batch,
+        Columns.VF_PREDS: rollout,
+        WEIGHTS_VERSION: torch.tensor([4, 3, 4]),  # row 1 was sampled with older weights
+        Columns.LOSS_MASK: torch.tensor([True, True, False]),  # row 2 is a bootstrap row
+    }
+    values = module.compute_values(gae_batch)
+    assert values[0] == 10.0  # reused
+    torch.testing.assert_close(values[1:], exact[1:], atol=1e-5, rtol=1e-5)  # recomputed
+    assert sum(seen) == 2
+    off = build_module(tiny_dir, tokenizer, values_from_rollouts=False)
+    perturb(off)
+    torch.testing.assert_close(off.compute_values(gae_batch), exact, atol=1e-5, rtol=1e-5)
+
+
+def test_trimming_padding_changes_no_logit_or_value(
+    tiny_dir: Path, tokenizer: Any, batch: dict
+) -> None:
+    ids = label_token_ids(tokenizer, "123456", prompts.ACTION_MARKER)
+    outputs = []
+    for trim in (False, True):
+        policy = OptionPolicy(tiny_dir, ids, seed=5, trim_padding=trim)
+        perturb(policy)
+        rows = [batch["input_ids"], batch["attention_mask"], batch["option_mask"]]
+        # Rows of different lengths: the batch trims to its longest, not to each row's own.
+        rows[1] = rows[1].clone()
+        rows[1][0, int(rows[1][0].sum()) - 40 :] = 0
+        outputs.append(policy(*rows))
+    assert int(batch["attention_mask"].sum(1).max()) < batch["input_ids"].shape[1]  # padded
+    torch.testing.assert_close(outputs[0][0], outputs[1][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outputs[0][1], outputs[1][1], atol=1e-5, rtol=1e-5)
+
+
+def test_building_a_policy_leaves_the_global_random_stream_alone(
+    tiny_dir: Path, tokenizer: Any
+) -> None:
+    # RLlib seeds each rollout worker's torch stream (seed + worker index) before building the
+    # module; a global manual_seed in here made every worker sample the same actions.
+    ids = label_token_ids(tokenizer, "123456", prompts.ACTION_MARKER)
+    torch.manual_seed(1234)
+    expected = torch.rand(3)
+    torch.manual_seed(1234)
+    first = OptionPolicy(tiny_dir, ids, seed=0)
+    assert torch.equal(torch.rand(3), expected)
+    second = OptionPolicy(tiny_dir, ids, seed=0)  # and the init is still seeded by the config
+    assert all(torch.equal(v, second.lora_state()[k]) for k, v in first.lora_state().items())
+
+
+def test_value_head_starts_at_zero(policy: OptionPolicy, batch: dict) -> None:
+    fresh = OptionPolicy(policy.lm.get_base_model().name_or_path, policy.label_ids.tolist(), seed=9)
+    _, values = fresh(batch["input_ids"], batch["attention_mask"], batch["option_mask"])
+    assert torch.equal(values, torch.zeros(3))
+    micro = fresh.values_in_micro_batches(batch["input_ids"], batch["attention_mask"], 2)
+    assert torch.equal(micro, values)
 
 
 def test_dropout_in_the_model_config_is_switched_off(

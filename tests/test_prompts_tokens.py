@@ -48,35 +48,52 @@ def test_labels_are_single_tokens_in_context(tokenizer: Any) -> None:
 
 
 def test_encode_pads_right_and_masks(tokenizer: Any) -> None:
-    prompt = prompts.no_reflection_prompt(OBS, "123", [0, 1, 2])
-    ids, mask, dropped = encode_prompt(tokenizer, prompts.prompt_head(OBS), prompt, 128)
+    prompt = prompts.no_reflection_parts(OBS, "123", [0, 1, 2])
+    ids, mask, dropped = encode_prompt(tokenizer, prompt, 128)
     n = int(mask.sum())
     assert dropped == 0 and ids.shape == mask.shape == (128,)
     assert mask[:n].all() and not mask[n:].any()
-    assert tokenizer.decode(ids[:n]) == prompt
+    assert tokenizer.decode(ids[:n]) == prompt.text
+    # A prompt that fits is tokenized whole, exactly as a tokenizer call on its text.
+    assert list(ids[:n]) == tokenizer.encode(prompt.text, add_special_tokens=False)
 
 
-def test_truncation_keeps_task_header_and_menu(tokenizer: Any) -> None:
+def test_every_prompt_is_head_body_tail() -> None:
+    reflection = prompts.reflection_parts(OBS)
+    policy = prompts.policy_parts(OBS, "Go north.", "123", [0, 1, 2])
+    plain = prompts.no_reflection_parts(OBS, "123", [0, 1, 2])
+    for parts in (reflection, policy, plain):
+        assert parts.head == prompts.prompt_head(OBS) and parts.body == OBS.observation
+    assert reflection.text == prompts.reflection_prompt(OBS)
+    assert policy.text.startswith(reflection.text)  # the method's layout: policy extends it
+
+
+def test_last_resort_cut_keeps_header_current_state_and_menu(tokenizer: Any) -> None:
+    # The body starts with the current state and ends with the oldest/least useful text; when
+    # the env could not shorten it enough, its *end* is cut, never its start.
     long_obs = TextObservation(
         instruction="TASK HEADER: deliver.",
-        observation=" ".join(f"line{i}" for i in range(400)),
+        observation="CURRENT STATE here\n" + " ".join(f"line{i}" for i in range(400)),
         actions=OBS.actions,
     )
-    prompt = prompts.no_reflection_prompt(long_obs, "123", [0, 1, 2])
-    ids, mask, dropped = encode_prompt(tokenizer, prompts.prompt_head(long_obs), prompt, 96)
+    prompt = prompts.policy_parts(long_obs, "REFLECTION text.", "123", [0, 1, 2])
+    ids, mask, dropped = encode_prompt(tokenizer, prompt, 96)
     text = tokenizer.decode(ids[mask.astype(bool)])
-    assert dropped > 0 and int(mask.sum()) == 96
-    assert text.startswith("TASK HEADER: deliver.\n")  # never truncated from the left
-    assert text.endswith("3. pick up passenger # Action:\n")
-    assert "line0 " not in text and "line399" in text
+    assert dropped > 0 and int(mask.sum()) <= 96
+    assert text.startswith("TASK HEADER: deliver.\nCURRENT STATE here")
+    assert text.endswith(
+        "REFLECTION text.\nValid actions:\n1. go north\n2. go south\n"
+        "3. pick up passenger # Action:\n"
+    )
+    assert "line0 " in text and "line399" not in text
 
 
 def test_too_short_a_budget_is_an_error(tokenizer: Any) -> None:
-    head = "word " * 60 + "\n"
+    prompt = prompts.Prompt("word " * 60 + "\n", "x" * 50, " # Action:\n")
     with pytest.raises(ValueError, match="max_prompt_tokens"):
-        encode_prompt(tokenizer, head, head + "x" * 50, 64)
+        encode_prompt(tokenizer, prompt, 64)
 
 
 def test_pad_value_is_masked_out(tokenizer: Any) -> None:
-    ids, mask, _ = encode_prompt(tokenizer, "a\n", "a\nb", 16)
+    ids, mask, _ = encode_prompt(tokenizer, prompts.Prompt("a\n", "b", ""), 16)
     assert np.all(ids[mask == 0] == tokenizer.pad_token_id)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
 import pytest
 
 from reflectrl.config import load_config
-from reflectrl.envs.taxi import ACTIONS
+from reflectrl.envs.taxi import ACTIONS, expert_action
 from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
 
 
@@ -18,6 +19,7 @@ class RecordingReflector:
     def __init__(self) -> None:
         self.requests: list[list[str]] = []
         self.calls = 0
+        self.seed: int | None = None
 
     def reflect(self, prompts: list[str]) -> list[str]:
         self.requests.append(list(prompts))
@@ -115,3 +117,115 @@ def test_stage_switch_applies_at_next_reset(tokenizer: Any) -> None:
     assert "in the taxi" in env.last_prompts[0].lower()
     with pytest.raises(ValueError, match="unknown stage"):
         env.set_stage("nope")
+
+
+def test_episodes_are_credited_to_the_stage_they_were_played_in(tokenizer: Any) -> None:
+    # Across a curriculum switch, episodes still running finish in their old stage: the real
+    # path (vector env -> pop_stats) must say so, or the new stage is passed on old successes.
+    env = make_env(tokenizer, "reflection.enabled=false", num_envs=2)
+    env.set_stage("pickup")
+    env.reset()
+    env.set_stage("dropoff")  # the coordinator switches while both episodes are running
+    drop = ACTIONS.index("drop off passenger")  # no passenger aboard: a dangerous no-op
+    env.step(np.array([drop, drop]))
+    assert [e["stage"] for e in env.pop_stats()["episodes"]] == ["pickup", "pickup"]
+    env.step(np.array([0, 0]))  # NEXT_STEP: both reset, now in the new stage
+    env.step(np.array([drop, drop]))  # in dropoff the passenger is aboard: a legal delivery?
+    finished = env.pop_stats()["episodes"]
+    assert finished and all(e["stage"] == "dropoff" for e in finished)
+
+
+def test_counters_are_per_iteration(tokenizer: Any) -> None:
+    reflector = RecordingReflector()
+    env = make_env(tokenizer, reflector=reflector, num_envs=2)
+    env.reset()
+    expert = [expert_action(e) for e in env.envs]  # never a terminal no-op
+    env.step(np.array(expert))
+    first = env.pop_stats()
+    assert first["reflection_calls"] == 4 and first["env_steps"] == 2
+    env.step(np.array([expert_action(e) for e in env.envs]))
+    second = env.pop_stats()
+    assert second["reflection_calls"] == 2 and second["env_steps"] == 2  # not cumulative
+
+
+def test_the_last_observation_of_an_episode_is_not_live(tokenizer: Any) -> None:
+    env = make_env(tokenizer, "reflection.enabled=false", num_envs=2)
+    obs, _ = env.reset()
+    assert obs["live"].tolist() == [[1], [1]]
+    drop = ACTIONS.index("drop off passenger")
+    obs, _, terminated, _, _ = env.step(np.array([drop, 0]))
+    assert terminated.tolist() == [True, False] and obs["live"].tolist() == [[0], [1]]
+    obs, *_ = env.step(np.array([0, 0]))  # env 0 resets: its new first observation is live
+    assert obs["live"].tolist() == [[1], [1]]
+
+
+def first_observations(env: Any, episodes: int) -> list[str]:
+    """The start state (prompt before the menu) of env 0's next `episodes` episodes."""
+    drop = ACTIONS.index("drop off passenger")
+    starts = []
+    for _ in range(episodes):
+        starts.append(env.last_prompts[0].split("Valid actions")[0])
+        env.step(np.array([drop]))  # ends the episode (or, once aboard, still ends it)
+        env.step(np.array([0]))  # NEXT_STEP reset
+    return starts
+
+
+def test_random_state_round_trip_continues_the_streams(tokenizer: Any) -> None:
+    args = ("reflection.enabled=false", "curriculum.enabled=false")
+    running = make_env(tokenizer, *args, num_envs=1)
+    running.set_stage("full")
+    running.reset()
+    first_observations(running, 3)
+    saved = running.random_state()
+    json.loads(json.dumps(saved))  # checkpointed as JSON
+    expected = first_observations(running, 4)[1:]  # [0] is the episode in flight at the save
+
+    resumed = make_env(tokenizer, *args, num_envs=1)
+    resumed.set_stage("full")
+    resumed.reset()
+    resumed.set_random_state(saved)
+    assert resumed.random_state() == saved  # env streams, menu shuffles, seeded flags
+    resumed.step(np.array([0]))  # every env starts a fresh episode from the restored streams
+    assert first_observations(resumed, 3) == expected
+
+    fresh = make_env(tokenizer, *args, num_envs=1)
+    fresh.set_stage("full")
+    fresh.reset()
+    assert first_observations(fresh, 4)[1:] != expected  # without it: iteration 1's starts
+
+
+def test_reflection_prompts_are_clipped_to_the_server_limit(tokenizer: Any) -> None:
+    # vLLM answers HTTP 400 to a prompt over max_model_len - max_tokens; that error is not
+    # retried and used to crash the worker on every restart. The prompt is clipped instead.
+    reflector = RecordingReflector()
+    env = make_env(
+        tokenizer,
+        "reflection.max_model_len=128",
+        "reflection.max_tokens=16",
+        reflector=reflector,
+        num_envs=2,
+    )
+    env.reset()
+    sent = reflector.requests[0]
+    assert len(sent) == 2
+    for prompt in sent:
+        assert len(tokenizer.encode(prompt, add_special_tokens=False)) <= 128 - 16
+        assert prompt.startswith("You drive a taxi") and prompt.endswith(" # Analyze:\n")
+    assert env.pop_stats()["clipped_reflection_prompts"] == 2
+    roomy = make_env(tokenizer, reflector=RecordingReflector(), num_envs=2)
+    roomy.reset()
+    assert roomy.pop_stats()["clipped_reflection_prompts"] == 0
+
+
+def test_the_worker_index_seeds_the_streams(tokenizer: Any) -> None:
+    # RLlib's vector entry point passes no worker index: the callback sets it before the first
+    # reset, or every worker would play the same start states.
+    first = make_env(tokenizer, "reflection.enabled=false")
+    second = make_env(tokenizer, "reflection.enabled=false")
+    second.set_worker_index(2)
+    assert second.worker_index == 2
+    obs1, _ = first.reset()
+    obs2, _ = second.reset()
+    assert not np.array_equal(obs1["input_ids"], obs2["input_ids"])
+    with pytest.raises(RuntimeError, match="before the first reset"):
+        second.set_worker_index(3)

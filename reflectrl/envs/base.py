@@ -3,6 +3,13 @@
 A text env is a gymnasium env whose observation is a `TextObservation` (task instruction,
 observation text, and the currently valid actions) and whose action is an index into
 `observation.actions`. Everything about models, prompts, tokens and Ray lives elsewhere.
+
+Ends of episodes (they decide what GAE does with the last state):
+- `terminated`: the episode is over in the MDP the agent sees; the value after it is 0.
+  Use it for goals, failures, and step limits the observation shows (steps left).
+- `truncated`: the episode was cut for a reason the observation does not show (a hidden
+  time limit); GAE bootstraps from the value of the last observation.
+Each env's docstring says which it uses where, and why.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import gymnasium as gym
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,8 @@ class TextEnv(gym.Env, ABC):
     `reset` returns `(TextObservation, info)`; `step(index)` returns
     `(TextObservation, reward, terminated, truncated, info)`; `info` always holds
     `success` (bool) and `valid_actions` (the actions of the returned observation).
+    `reset` must call `self._begin_episode()` so `episode_stage` names the stage the episode
+    is played in, whatever `set_stage` does while it runs.
     """
 
     stages: ClassVar[tuple[str, ...]] = ("default",)
@@ -48,16 +58,26 @@ class TextEnv(gym.Env, ABC):
 
     def __init__(self) -> None:
         self._stage = self.stages[-1]
+        self._episode_stage = self._stage
 
     @property
     def stage(self) -> str:
+        """The stage the next episode will be played in."""
         return self._stage
+
+    @property
+    def episode_stage(self) -> str:
+        """The stage of the running (or last) episode; `set_stage` applies from the next reset."""
+        return self._episode_stage
 
     def set_stage(self, stage: str) -> None:
         """Switch the curriculum stage; takes effect at the next reset."""
         if stage not in self.stages:
             raise ValueError(f"unknown stage {stage!r}; valid: {', '.join(self.stages)}")
         self._stage = stage
+
+    def _begin_episode(self) -> None:
+        self._episode_stage = self._stage
 
     @abstractmethod
     def reset(
@@ -66,3 +86,38 @@ class TextEnv(gym.Env, ABC):
 
     @abstractmethod
     def step(self, action: int) -> tuple[TextObservation, float, bool, bool, dict[str, Any]]: ...
+
+    def shorter_observation(self, level: int) -> TextObservation | None:
+        """The current observation with its history and outputs trimmed `level` (>= 1) steps;
+        None when it cannot get shorter.
+
+        Prompts must fit a token budget; the env knows which parts of its text are old
+        (command history, long outputs) and which are the current state, which is never
+        trimmed. Envs whose observations are always short keep this default.
+        """
+        return None
+
+    # --- random streams: checkpointed with the run so a resume does not replay starts ------
+
+    def _random_owners(self) -> list[gym.Env]:
+        """Every gymnasium env object whose `np_random` this env draws from."""
+        return [self]
+
+    def random_state(self) -> list[dict[str, Any] | None]:
+        """The state of each random stream (JSON-serialisable); None for an unused stream."""
+        states: list[dict[str, Any] | None] = []
+        for owner in self._random_owners():
+            generator = owner._np_random  # None until the first seeded reset
+            states.append(None if generator is None else dict(generator.bit_generator.state))
+        return states
+
+    def set_random_state(self, states: list[dict[str, Any] | None]) -> None:
+        owners = self._random_owners()
+        if len(states) != len(owners):
+            raise ValueError(f"random state has {len(states)} streams, env has {len(owners)}")
+        for owner, state in zip(owners, states, strict=True):
+            if state is None:
+                continue
+            bit_generator = getattr(np.random, state["bit_generator"])()
+            bit_generator.state = state
+            owner.np_random = np.random.Generator(bit_generator)

@@ -3,6 +3,10 @@
 Curriculum stages: `pickup` (done once the passenger is aboard), `dropoff` (starts with the
 passenger aboard) and `full` (the ordinary game). `expert_action` is a shortest-path expert
 for tests and SFT data.
+
+Ends: a dangerous no-op, the pick-up (stage `pickup`) and the delivery are `terminated`. The
+step limit (`max_steps`) is `truncated`: the observation does not show the steps taken, so the
+limit is outside the state the agent sees and GAE bootstraps from the last state's value.
 """
 
 from __future__ import annotations
@@ -63,7 +67,6 @@ class DangerousTaxiEnv(TextEnv):
         # The dry, non-fickle game: every (state, action) has exactly one outcome.
         self.taxi = TaxiEnv()
         self.action_space = spaces.Discrete(len(ACTIONS))
-        self._episode_stage = self._stage
         self._steps = 0
         self._done = True  # no episode until the first reset
 
@@ -72,11 +75,6 @@ class DangerousTaxiEnv(TextEnv):
         row, col, passenger, destination = self.taxi.decode(self.taxi.s)
         return int(row), int(col), int(passenger), int(destination)
 
-    @property
-    def episode_stage(self) -> str:
-        """The stage of the running episode (`set_stage` only applies from the next reset)."""
-        return self._episode_stage
-
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[TextObservation, dict[str, Any]]:
@@ -84,7 +82,7 @@ class DangerousTaxiEnv(TextEnv):
             seed = self.options.fixed_start_seed
         super().reset(seed=seed)
         self.taxi.reset(seed=seed)
-        self._episode_stage = self._stage
+        self._begin_episode()
         if self._episode_stage == "dropoff":
             self._board_passenger()
         self._steps = 0
@@ -126,6 +124,10 @@ class DangerousTaxiEnv(TextEnv):
             truncated,
             info,
         )
+
+    def _random_owners(self) -> list[Any]:
+        # Start states come from the inner TaxiEnv's stream (and the drop-off cell too).
+        return [self, self.taxi]
 
     def _board_passenger(self) -> None:
         # Keep the seeded destination; move the taxi to a uniformly drawn cell other than the

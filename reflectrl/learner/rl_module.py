@@ -1,10 +1,14 @@
 """RLlib adapter over `OptionPolicy` (the model math lives in reflectrl.models, Ray-free).
 
 - action distribution inputs = masked label logits (a Categorical over K labels);
-- `compute_values` without embeddings is the GAE connector's call on the whole train batch:
-  it runs without gradients and in micro-batches, or a real LM runs out of memory;
-- the state RLlib syncs to EnvRunners (`inference_only=True`) is the LoRA tensors only, and
-  checkpoints hold LoRA + value head: the base LM is frozen and reloaded from its directory.
+- rollouts (`forward_exploration` / `forward_inference`) run the LM only on live rows: the last
+  observation of an episode (obs `live` = 0) gets placeholder logits, since NEXT_STEP autoreset
+  ignores the action computed for it; they also return V(s) and the weights version;
+- `compute_values` without embeddings is the GAE connector's call on the whole train batch: it
+  reuses the rollout values of rows sampled with the current weights and runs the LM, without
+  gradients and in micro-batches, only on the other rows (the bootstrap rows, mostly);
+- the state RLlib syncs to EnvRunners and checkpoints is LoRA + value head + weights version:
+  the base LM is frozen and reloaded from its directory.
 """
 
 from __future__ import annotations
@@ -12,20 +16,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.apis import ValueFunctionAPI
 from ray.rllib.core.rl_module.torch import TorchRLModule
 from ray.rllib.utils.typing import StateDict
 
-from reflectrl.models.policy import OptionPolicy
+from reflectrl.models.policy import MASKED_LOGIT, OptionPolicy
 
-OBS_KEYS = ("input_ids", "attention_mask", "option_mask")
+# Per-row column of the rollout outputs: how many optimizer steps the sampling weights had.
+WEIGHTS_VERSION = "weights_version"
+POLICY_PREFIX = "policy."
 
 
 class ReflectRLModule(TorchRLModule, ValueFunctionAPI):
-    """model_config keys: model_dir, label_token_ids, lora_r, lora_alpha,
-    lora_target_modules, seed, value_micro_batch."""
+    """model_config keys: model_dir, label_token_ids, lora_r, lora_alpha, lora_target_modules,
+    seed, micro_batch_size, trim_padding, values_from_rollouts, gradient_checkpointing."""
 
     def setup(self) -> None:
         cfg = self.model_config
@@ -36,9 +43,14 @@ class ReflectRLModule(TorchRLModule, ValueFunctionAPI):
             lora_alpha=cfg["lora_alpha"],
             lora_target_modules=cfg["lora_target_modules"],
             seed=cfg["seed"],
-            gradient_checkpointing=cfg.get("gradient_checkpointing", True),
+            gradient_checkpointing=cfg.get("gradient_checkpointing", False),
+            trim_padding=cfg.get("trim_padding", True),
         )
-        self.value_micro_batch = int(cfg["value_micro_batch"])
+        self.micro_batch_size = int(cfg["micro_batch_size"])
+        self.values_from_rollouts = bool(cfg.get("values_from_rollouts", True))
+        # Optimizer steps applied so far (the learner counts them; workers receive it with the
+        # weights). Equal versions mean equal weights, so a rollout value is the learner's.
+        self.weights_version = 0
 
     def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         obs = batch[Columns.OBS]
@@ -49,10 +61,23 @@ class ReflectRLModule(TorchRLModule, ValueFunctionAPI):
         }
 
     def _forward_inference(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-        # Sampling never needs gradients: without no_grad every rollout step builds a graph.
-        with torch.no_grad():
-            out = self._forward(batch)
-        out.pop(Columns.EMBEDDINGS)
+        obs = batch[Columns.OBS]
+        option_mask = obs["option_mask"]
+        n = option_mask.shape[0]
+        # Placeholder for rows that are not live: uniform over the menu (the action is ignored).
+        logits = torch.zeros_like(option_mask).masked_fill(option_mask <= 0, MASKED_LOGIT)
+        values = torch.zeros(n, device=option_mask.device)
+        live = _live_rows(obs)
+        if live.numel():
+            # Sampling never needs gradients: without no_grad every rollout step builds a graph.
+            with torch.no_grad():
+                hidden = self.policy.encode(obs["input_ids"][live], obs["attention_mask"][live])
+                logits[live] = self.policy.label_logits(hidden, option_mask[live])
+                values[live] = self.policy.value(hidden)
+        out: dict[str, Any] = {Columns.ACTION_DIST_INPUTS: logits}
+        if self.values_from_rollouts:
+            out[Columns.VF_PREDS] = values
+            out[WEIGHTS_VERSION] = torch.full((n,), self.weights_version, dtype=torch.long)
         return out
 
     _forward_exploration = _forward_inference
@@ -61,14 +86,27 @@ class ReflectRLModule(TorchRLModule, ValueFunctionAPI):
         if embeddings is not None:  # the PPO loss: reuse the forward pass, with gradients
             return self.policy.value(embeddings)
         obs = batch[Columns.OBS]
-        values = []
-        with torch.no_grad():
-            n = obs["input_ids"].shape[0]
-            for start in range(0, n, self.value_micro_batch):
-                part = slice(start, start + self.value_micro_batch)
-                hidden = self.policy.encode(obs["input_ids"][part], obs["attention_mask"][part])
-                values.append(self.policy.value(hidden))
-        return torch.cat(values) if values else torch.zeros(0)
+        values, fresh = self._rollout_values(batch)
+        stale = torch.nonzero(~fresh, as_tuple=False)[:, 0]
+        if stale.numel():
+            values[stale] = self.policy.values_in_micro_batches(
+                obs["input_ids"][stale], obs["attention_mask"][stale], self.micro_batch_size
+            )
+        return values
+
+    def _rollout_values(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(values, fresh): rollout values and which rows may use them. A bootstrap row
+        (LOSS_MASK false) carries a copy of the previous row's outputs, so it is never fresh."""
+        mask = batch[Columns.OBS]["attention_mask"]
+        n = mask.shape[0]
+        if not self.values_from_rollouts or Columns.VF_PREDS not in batch:
+            return torch.zeros(n, device=mask.device), torch.zeros(n, dtype=torch.bool)
+        version = torch.as_tensor(batch[WEIGHTS_VERSION]).reshape(n)
+        fresh = version == self.weights_version
+        if Columns.LOSS_MASK in batch:
+            fresh &= torch.as_tensor(batch[Columns.LOSS_MASK]).reshape(n).bool()
+        values = torch.as_tensor(batch[Columns.VF_PREDS], dtype=torch.float32).reshape(n)
+        return values.clone().to(mask.device), fresh.cpu()
 
     def get_state(
         self,
@@ -78,15 +116,30 @@ class ReflectRLModule(TorchRLModule, ValueFunctionAPI):
         inference_only: bool = False,
         **kwargs: Any,
     ) -> StateDict:
-        state = self.policy.lora_state() if inference_only else self.policy.trainable_state()
-        return {f"policy.{k}": v.detach().cpu().numpy() for k, v in state.items()}
+        # Workers get the value head too (a few KB): they compute the rollout values for GAE.
+        state = {
+            f"{POLICY_PREFIX}{k}": v.detach().cpu().numpy()
+            for k, v in self.policy.trainable_state().items()
+        }
+        state[WEIGHTS_VERSION] = np.asarray(self.weights_version, dtype=np.int64)
+        return state
 
     def set_state(self, state: StateDict) -> None:
-        prefix = "policy."
-        unexpected = [k for k in state if not k.startswith(prefix)]
+        unexpected = [k for k in state if k != WEIGHTS_VERSION and not k.startswith(POLICY_PREFIX)]
         if unexpected:
             raise ValueError(f"unexpected module state keys: {unexpected[:3]}")
-        self.policy.load_trainable_state({k[len(prefix) :]: v for k, v in state.items()})
+        self.policy.load_trainable_state(
+            {k[len(POLICY_PREFIX) :]: v for k, v in state.items() if k != WEIGHTS_VERSION}
+        )
+        if WEIGHTS_VERSION in state:
+            self.weights_version = int(state[WEIGHTS_VERSION])
+
+
+def _live_rows(obs: dict[str, Any]) -> torch.Tensor:
+    n = obs["option_mask"].shape[0]
+    if "live" not in obs:
+        return torch.arange(n)
+    return torch.nonzero(obs["live"].reshape(n) > 0, as_tuple=False)[:, 0]
 
 
 def state_nbytes(state: StateDict) -> int:

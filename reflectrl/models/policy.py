@@ -7,6 +7,8 @@ One forward pass reads the whole right-padded prompt; at the last real token it 
     saw only the last ~20 prompt tokens).
 Only the label rows of the LM head are multiplied, so no [batch, length, vocab] tensor is
 ever built. Dropout is 0 everywhere so rollout (eval) and update (train) probabilities agree.
+With `trim_padding` each forward runs only up to the batch's longest real row: exact, since
+rows are right-padded and attention is causal (nothing real attends to the padding after it).
 """
 
 from __future__ import annotations
@@ -35,10 +37,30 @@ class OptionPolicy(nn.Module):
         lora_alpha: int = 16,
         lora_target_modules: Sequence[str] = ("q_proj", "v_proj"),
         seed: int = 0,
-        gradient_checkpointing: bool = True,
+        gradient_checkpointing: bool = False,
+        trim_padding: bool = True,
     ) -> None:
         super().__init__()
-        torch.manual_seed(seed)  # LoRA and value-head init are seeded from the config
+        self.trim_padding = trim_padding
+        # LoRA init is seeded from the config, but on a forked stream: RLlib seeds each rollout
+        # worker's global torch stream differently *before* building this module, and actions
+        # are sampled from that stream (a global manual_seed here made every worker sample the
+        # same actions).
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self._build(model_dir, lora_r, lora_alpha, lora_target_modules, gradient_checkpointing)
+        self.register_buffer(
+            "label_ids", torch.tensor(list(label_token_ids), dtype=torch.long), persistent=False
+        )
+
+    def _build(
+        self,
+        model_dir: Path,
+        lora_r: int,
+        lora_alpha: int,
+        lora_target_modules: Sequence[str],
+        gradient_checkpointing: bool,
+    ) -> None:
         base = load_causal_lm(model_dir)
         for param in base.parameters():
             param.requires_grad_(False)
@@ -57,13 +79,11 @@ class OptionPolicy(nn.Module):
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
         self.lm = get_peft_model(base, lora)
-        hidden = base.config.hidden_size
-        self.value_head = nn.Linear(hidden, 1)
-        nn.init.normal_(self.value_head.weight, std=1.0 / (hidden + 1) ** 0.5)
+        # Zero init: V = 0 everywhere at first. A random init gave values near +-2 on some
+        # prompts, larger than most returns here, and the first updates chased that noise.
+        self.value_head = nn.Linear(base.config.hidden_size, 1)
+        nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
-        self.register_buffer(
-            "label_ids", torch.tensor(list(label_token_ids), dtype=torch.long), persistent=False
-        )
 
     @property
     def num_labels(self) -> int:
@@ -71,14 +91,17 @@ class OptionPolicy(nn.Module):
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Final hidden state at the last real token of each right-padded row: [B, H]."""
+        lengths = attention_mask.long().sum(dim=1)
+        if bool((lengths < 1).any()):
+            raise ValueError("an observation has an empty attention mask")
+        if self.trim_padding:
+            width = int(lengths.max())
+            input_ids, attention_mask = input_ids[:, :width], attention_mask[:, :width]
         causal_lm = self.lm.get_base_model()
         trunk = causal_lm.base_model  # the decoder stack, without the LM head
         out = trunk(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-        last = attention_mask.long().sum(dim=1) - 1
-        if bool((last < 0).any()):
-            raise ValueError("an observation has an empty attention mask")
         rows = torch.arange(input_ids.shape[0], device=input_ids.device)
-        return out.last_hidden_state[rows, last]
+        return out.last_hidden_state[rows, lengths - 1]
 
     def label_logits(self, hidden: torch.Tensor, option_mask: torch.Tensor) -> torch.Tensor:
         """Masked logits over the K labels: [B, K]."""
@@ -96,6 +119,17 @@ class OptionPolicy(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = self.encode(input_ids, attention_mask)
         return self.label_logits(hidden, option_mask), self.value(hidden)
+
+    @torch.no_grad()
+    def values_in_micro_batches(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, micro_batch: int
+    ) -> torch.Tensor:
+        """V(s) of every row, without gradients, `micro_batch` rows of similar length at a
+        time (memory stays bounded; trimming cuts more when lengths are alike)."""
+        values = torch.zeros(input_ids.shape[0], device=input_ids.device)
+        for rows in length_order(attention_mask).split(micro_batch):
+            values[rows] = self.value(self.encode(input_ids[rows], attention_mask[rows]))
+        return values
 
     # --- the trainable state: what is synced to rollout workers and checkpointed -------------
 
@@ -126,3 +160,8 @@ class OptionPolicy(nn.Module):
 
         set_peft_model_state_dict(self.lm, load_peft_weights(str(directory)))
         self.value_head.load_state_dict(torch.load(Path(directory) / "value_head.pt"))
+
+
+def length_order(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Row indices sorted by real length (stable): neighbours trim to nearly the same width."""
+    return torch.argsort(attention_mask.long().sum(dim=1), stable=True)

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from reflectrl.errors import ModelLoadError
+from reflectrl.prompts import Prompt
 
 
 def label_token_ids(tokenizer: Any, labels: Sequence[str], context: str) -> list[int]:
@@ -31,32 +32,48 @@ def label_token_ids(tokenizer: Any, labels: Sequence[str], context: str) -> list
     return ids
 
 
-def encode_prompt(
-    tokenizer: Any, head: str, prompt: str, max_tokens: int
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """Right-padded (input_ids, attention_mask, n_dropped) of length `max_tokens`.
+def count_tokens(tokenizer: Any, text: str) -> int:
+    return len(tokenizer.encode(text, add_special_tokens=False))
 
-    `prompt` must start with `head` (the task header). When the prompt is too long the
-    tokens right after the head are dropped (the oldest part of the observation), so the
-    header, the latest state, the menu and the action marker all survive; the published
-    code truncated from the left and lost the task.
-    """
-    if not prompt.startswith(head):
-        raise ValueError("prompt does not start with its head")
-    head_ids = tokenizer.encode(head, add_special_tokens=False)
-    body_ids = tokenizer.encode(prompt[len(head) :], add_special_tokens=False)
-    room = max_tokens - len(head_ids)
-    if room < min(len(body_ids), 16):
+
+def fit_tokens(tokenizer: Any, prompt: Prompt, max_tokens: int) -> tuple[list[int], int]:
+    """(token ids, n_dropped): the whole prompt when it fits, else head + the start of the body
+    + tail, dropping the *end* of the body (the env has already trimmed what it could; the start
+    of the body is the current state, the head the task, the tail the menu and markers)."""
+    ids = tokenizer.encode(prompt.text, add_special_tokens=False)
+    if len(ids) <= max_tokens:
+        return ids, 0
+    head = tokenizer.encode(prompt.head, add_special_tokens=False)
+    body = tokenizer.encode(prompt.body, add_special_tokens=False)
+    tail = tokenizer.encode(prompt.tail, add_special_tokens=False)
+    room = max_tokens - len(head) - len(tail)
+    if room < min(len(body), 16):
         raise ValueError(
-            f"env.max_prompt_tokens={max_tokens} leaves no room after a {len(head_ids)}-token "
-            "task header; raise env.max_prompt_tokens"
+            f"a token budget of {max_tokens} leaves no room for the observation after a "
+            f"{len(head)}-token task header and a {len(tail)}-token menu; raise "
+            "env.max_prompt_tokens (policy) or reflection.max_model_len (reflection)"
         )
-    dropped = max(0, len(body_ids) - room)
-    ids = head_ids + body_ids[dropped:]
-    input_ids = np.full(max_tokens, _pad_id(tokenizer), dtype=np.int64)
+    kept = body[: max(room, 0)]
+    return head + kept + tail, len(body) - len(kept)
+
+
+def pad_tokens(tokenizer: Any, ids: list[int], length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Right-padded (input_ids, attention_mask) of `length`."""
+    if len(ids) > length:
+        raise ValueError(f"{len(ids)} tokens do not fit {length}")
+    input_ids = np.full(length, _pad_id(tokenizer), dtype=np.int64)
     input_ids[: len(ids)] = ids
-    attention_mask = np.zeros(max_tokens, dtype=np.int64)
+    attention_mask = np.zeros(length, dtype=np.int64)
     attention_mask[: len(ids)] = 1
+    return input_ids, attention_mask
+
+
+def encode_prompt(
+    tokenizer: Any, prompt: Prompt, max_tokens: int
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Right-padded (input_ids, attention_mask, n_dropped) of length `max_tokens`."""
+    ids, dropped = fit_tokens(tokenizer, prompt, max_tokens)
+    input_ids, attention_mask = pad_tokens(tokenizer, ids, max_tokens)
     return input_ids, attention_mask, dropped
 
 

@@ -6,14 +6,24 @@ observation RLlib needs (a gymnasium `Text` space crashes inside the EnvRunner):
     input_ids      int64 [max_prompt_tokens]  right-padded prompt
     attention_mask int64 [max_prompt_tokens]
     option_mask    float32 [K]                1 for labels on the menu now
+    live           int64 [1]                  0 for the last observation of an episode
 The action is a label index; it maps to the env's action through the (maybe shuffled) menu.
 
 Autoreset follows gymnasium's NEXT_STEP mode, which RLlib's EnvRunner expects: the step after
-an episode ends resets that env and ignores its action.
+an episode ends resets that env and ignores its action. So the action RLlib computes for an
+episode's last observation is thrown away: `live` = 0 tells the policy not to run the LM there.
+
+Prompts fit their budgets (`env.max_prompt_tokens` for the policy, the server's
+`reflection.max_model_len` minus `reflection.max_tokens` for the reflection): the env shortens
+its own history first (`TextEnv.shorter_observation`), never the current state; only if that
+is not enough is the end of the observation cut (counted: `truncated_prompts`,
+`clipped_reflection_prompts`).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
@@ -25,23 +35,29 @@ from reflectrl import prompts
 from reflectrl.config import ReflectRLConfig
 from reflectrl.envs.base import TextEnv, TextObservation
 from reflectrl.envs.registry import make_text_env
-from reflectrl.models.tokens import encode_prompt, label_token_ids
+from reflectrl.metrics import WORKER_COUNTERS as COUNTERS
+from reflectrl.models.tokens import count_tokens, fit_tokens, label_token_ids, pad_tokens
+
+# Tokens kept free of the reflection budget: the server may add special tokens and tokenize a
+# clipped text a little differently from us.
+REFLECTION_MARGIN = 8
 
 
 @dataclass
 class EpisodeRecord:
     """One finished episode, as the coordinator aggregates them across workers."""
 
-    stage: str
+    stage: str  # the stage the episode was played in (not the env's stage when it ended)
     success: bool
     episode_return: float
     length: int
 
 
 class Reflector:
-    """What the vector env needs from a reflection source: many prompts in, as many texts out."""
+    """What the vector env needs from a reflection source: many prompts in, as many texts out.
+    `seed` (for sampled reflections) is set per rollout worker by the vector env."""
 
-    calls: int
+    seed: int | None
 
     def reflect(self, prompts: list[str]) -> list[str]:  # pragma: no cover - protocol
         raise NotImplementedError
@@ -57,10 +73,18 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         reflector: Reflector | None,
         num_envs: int,
         worker_index: int = 0,
+        reflection_tokenizer: Any = None,
+        report_error: Callable[[str], None] | None = None,
     ) -> None:
         self.config = config
+        # Called with a one-line error before an exception leaves reset/step (the worker dies).
+        self.report_error = report_error
         self.tokenizer = tokenizer
         self.reflector = reflector if config.reflection.enabled else None
+        # Counts the reflection model's tokens; the policy's tokenizer when none is given.
+        self.reflection_tokenizer = reflection_tokenizer or tokenizer
+        r = config.reflection
+        self.reflection_budget = r.max_model_len - r.max_tokens - REFLECTION_MARGIN
         self.num_envs = num_envs
         self.worker_index = worker_index
         self.envs: list[TextEnv] = [
@@ -82,6 +106,7 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
                 "input_ids": gym.spaces.Box(0, vocab - 1, (length,), np.int64),
                 "attention_mask": gym.spaces.Box(0, 1, (length,), np.int64),
                 "option_mask": gym.spaces.Box(0.0, 1.0, (self.max_actions,), np.float32),
+                "live": gym.spaces.Box(0, 1, (1,), np.int64),
             }
         )
         self.single_action_space = gym.spaces.Discrete(self.max_actions)
@@ -89,21 +114,34 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
             self.single_observation_space, num_envs
         )
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
-        # Seeds: every random choice derives from run.seed, the worker and the env index.
-        seed = config.run.seed
-        self._reset_seeds = [hash_seed(seed, worker_index, i) for i in range(num_envs)]
-        self._rngs = [np.random.default_rng([seed, worker_index, i]) for i in range(num_envs)]
+        self._seed_streams(worker_index)
         self._orders: list[list[int]] = [[] for _ in range(num_envs)]
         self._needs_reset = np.zeros(num_envs, dtype=bool)
         self._returns = np.zeros(num_envs)
         self._lengths = np.zeros(num_envs, dtype=np.int64)
         self._seeded = [False] * num_envs
         self.finished: list[EpisodeRecord] = []
-        self.env_steps = 0
-        self.truncated_prompts = 0
+        self.counters = dict.fromkeys(COUNTERS, 0)  # since the last `pop_stats`
         self.last_prompts: list[str] = []
 
-    # --- curriculum -----------------------------------------------------------------------
+    def _seed_streams(self, worker_index: int) -> None:
+        """Every random choice derives from run.seed, the worker and the env index."""
+        seed = self.config.run.seed
+        self.worker_index = worker_index
+        self._reset_seeds = [hash_seed(seed, worker_index, i) for i in range(self.num_envs)]
+        self._rngs = [np.random.default_rng([seed, worker_index, i]) for i in range(self.num_envs)]
+        if self.reflector is not None:
+            self.reflector.seed = hash_seed(seed, worker_index)
+
+    def set_worker_index(self, worker_index: int) -> None:
+        """Re-seed for the rollout worker this env lives in, before its first reset. (RLlib's
+        vector entry point gets a plain dict without the worker index, so the callback tells
+        it; without this every worker would play the same start states.)"""
+        if any(self._seeded):
+            raise RuntimeError("set_worker_index must come before the first reset")
+        self._seed_streams(worker_index)
+
+    # --- curriculum and the coordinator's view ---------------------------------------------
 
     @property
     def stage(self) -> str:
@@ -115,17 +153,43 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
             env.set_stage(stage)
 
     def pop_stats(self) -> dict[str, Any]:
-        """Finished episodes and counters since the last call (the coordinator polls this)."""
+        """What happened since the last call (the coordinator polls this once per iteration):
+        finished episodes and per-iteration counters, which the coordinator sums, so a
+        restarted worker (counters at 0) never makes a total go backwards."""
         stats = {
+            "worker_index": self.worker_index,
             "episodes": [asdict(e) for e in self.finished],
-            "reflection_calls": self.reflector.calls if self.reflector else 0,
-            "env_steps": self.env_steps,  # since the last call
-            "truncated_prompts": self.truncated_prompts,
             "stage": self.stage,
+            "random_state": self.random_state(),
+            **self.counters,
         }
         self.finished = []
-        self.env_steps = 0
+        self.counters = dict.fromkeys(COUNTERS, 0)
         return stats
+
+    def random_state(self) -> dict[str, Any]:
+        """Every random stream of this worker's envs (checkpointed; JSON-serialisable)."""
+        return {
+            "worker_index": self.worker_index,
+            "envs": [env.random_state() for env in self.envs],
+            "menu_shuffles": [dict(rng.bit_generator.state) for rng in self._rngs],
+            "seeded": list(self._seeded),
+        }
+
+    def set_random_state(self, state: dict[str, Any]) -> None:
+        """Continue the streams of a checkpoint: episodes in flight restart from a reset drawn
+        from the restored stream, so a resumed run does not replay earlier start states."""
+        if len(state["envs"]) != self.num_envs:
+            raise ValueError(
+                f"random state for {len(state['envs'])} envs given to a worker with "
+                f"{self.num_envs}; resume with the same env.envs_per_worker"
+            )
+        for env, env_state in zip(self.envs, state["envs"], strict=True):
+            env.set_random_state(env_state)
+        for rng, rng_state in zip(self._rngs, state["menu_shuffles"], strict=True):
+            rng.bit_generator.state = rng_state
+        self._seeded = [bool(s) for s in state["seeded"]]
+        self._needs_reset[:] = True  # the next step starts fresh episodes on every env
 
     # --- gymnasium vector API -------------------------------------------------------------
 
@@ -134,11 +198,38 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
     ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         # RLlib passes its own seed; ours comes from run.seed so runs are reproducible from
         # the config alone, and each env keeps its RNG stream across resets.
-        text_obs = [self._reset_env(i) for i in range(self.num_envs)]
-        self._needs_reset[:] = False
-        return self._observe(text_obs, [True] * self.num_envs), {}
+        with self._reporting_errors():
+            return self._reset()
 
     def step(
+        self, actions: np.ndarray
+    ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        with self._reporting_errors():
+            return self._step(actions)
+
+    def close_extras(self, **kwargs: Any) -> None:
+        for env in self.envs:
+            env.close()
+
+    # --- internals ------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _reporting_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except Exception as err:  # re-raised: only reported on its way out
+            if self.report_error is not None:
+                message = " ".join(f"{type(err).__name__}: {err}".split())
+                self.report_error(f"worker {self.worker_index}: {message}")
+            raise
+
+    def _reset(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        text_obs = [self._reset_env(i) for i in range(self.num_envs)]
+        self._needs_reset[:] = False
+        every = [True] * self.num_envs
+        return self._observe(text_obs, every, every), {}
+
+    def _step(
         self, actions: np.ndarray
     ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         text_obs: list[TextObservation] = []
@@ -155,7 +246,7 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
             if not 0 <= label < len(self._orders[i]):
                 raise ValueError(f"label index {label} is not on env {i}'s menu (masked)")
             obs, reward, term, trunc, info = env.step(self._orders[i][label])
-            self.env_steps += 1
+            self.counters["env_steps"] += 1
             self._returns[i] += reward
             self._lengths[i] += 1
             rewards[i], terminated[i], truncated[i] = reward, term, trunc
@@ -164,15 +255,11 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
                 self._record_episode(i, successes[i])
                 self._needs_reset[i] = True
             text_obs.append(obs)
-        # A terminated state's value is never used, so it gets no reflection.
-        observation = self._observe(text_obs, [not t for t in terminated])
+        # An episode's last observation is not live: its action is ignored (the next step
+        # resets). A terminated one needs no reflection either (its value is never used); a
+        # truncated one gets one, since GAE bootstraps from its value.
+        observation = self._observe(text_obs, list(~terminated), list(~(terminated | truncated)))
         return observation, rewards, terminated, truncated, {"success": successes}
-
-    def close_extras(self, **kwargs: Any) -> None:
-        for env in self.envs:
-            env.close()
-
-    # --- internals ------------------------------------------------------------------------
 
     def _reset_env(self, i: int) -> TextObservation:
         seed = None if self._seeded[i] else self._reset_seeds[i]
@@ -185,21 +272,32 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
     def _record_episode(self, i: int, success: bool) -> None:
         self.finished.append(
             EpisodeRecord(
-                stage=self.envs[i].stage,
+                stage=self.envs[i].episode_stage,
                 success=bool(success),
                 episode_return=float(self._returns[i]),
                 length=int(self._lengths[i]),
             )
         )
 
-    def _observe(self, text_obs: list[TextObservation], reflect: list[bool]) -> dict[str, Any]:
-        reflections = [""] * self.num_envs
+    def _observe(
+        self, text_obs: list[TextObservation], reflect: list[bool], live: list[bool]
+    ) -> dict[str, Any]:
+        for i, obs in enumerate(text_obs):
+            n = len(obs.actions)
+            order = list(range(n))
+            if self.config.env.shuffle_options:
+                order = [int(j) for j in self._rngs[i].permutation(n)]
+            self._orders[i] = order
+        # None: the no-reflection layout (ablation); "" where a reflection is not needed.
+        reflections: list[str | None] = [None if self.reflector is None else ""] * self.num_envs
+        levels = [0] * self.num_envs
         if self.reflector is not None:
-            wanted = [i for i, r in enumerate(reflect) if r]
+            wanted = [i for i, on in enumerate(reflect) if on]
+            for i in wanted:
+                text_obs[i], levels[i] = self._shorten(i, text_obs[i], 0, self._fits_before)
             if wanted:
-                texts = self.reflector.reflect(
-                    [prompts.reflection_prompt(text_obs[i]) for i in wanted]
-                )
+                texts = self.reflector.reflect([self._reflection_text(text_obs[i]) for i in wanted])
+                self.counters["reflection_calls"] += len(wanted)
                 for i, text in zip(wanted, texts, strict=True):
                     reflections[i] = text
         length = self.config.env.max_prompt_tokens
@@ -207,26 +305,63 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
             "input_ids": np.zeros((self.num_envs, length), dtype=np.int64),
             "attention_mask": np.zeros((self.num_envs, length), dtype=np.int64),
             "option_mask": np.zeros((self.num_envs, self.max_actions), dtype=np.float32),
+            "live": np.asarray(live, dtype=np.int64).reshape(self.num_envs, 1),
         }
         self.last_prompts = []
-        for i, obs in enumerate(text_obs):
-            n = len(obs.actions)
-            order = list(range(n))
-            if self.config.env.shuffle_options:
-                order = [int(j) for j in self._rngs[i].permutation(n)]
-            self._orders[i] = order
-            if self.reflector is not None:
-                prompt = prompts.policy_prompt(obs, reflections[i], self.labels, order)
-            else:
-                prompt = prompts.no_reflection_prompt(obs, self.labels, order)
-            ids, mask, dropped = encode_prompt(
-                self.tokenizer, prompts.prompt_head(obs), prompt, length
+        for i in range(self.num_envs):
+            reflection = reflections[i]
+
+            def fits(obs: TextObservation, _i: int = i, _r: str | None = reflection) -> bool:
+                return count_tokens(self.tokenizer, self._policy(_i, obs, _r).text) <= length
+
+            obs, _ = self._shorten(i, text_obs[i], levels[i], fits)
+            prompt = self._policy(i, obs, reflection)
+            ids, dropped = fit_tokens(self.tokenizer, prompt, length)
+            self.counters["truncated_prompts"] += int(dropped > 0)
+            batch["input_ids"][i], batch["attention_mask"][i] = pad_tokens(
+                self.tokenizer, ids, length
             )
-            self.truncated_prompts += int(dropped > 0)
-            batch["input_ids"][i], batch["attention_mask"][i] = ids, mask
-            batch["option_mask"][i, :n] = 1.0
-            self.last_prompts.append(prompt)
+            batch["option_mask"][i, : len(obs.actions)] = 1.0
+            self.last_prompts.append(prompt.text)
         return batch
+
+    def _policy(self, i: int, obs: TextObservation, reflection: str | None) -> prompts.Prompt:
+        if reflection is None:
+            return prompts.no_reflection_parts(obs, self.labels, self._orders[i])
+        return prompts.policy_parts(obs, reflection, self.labels, self._orders[i])
+
+    def _shorten(
+        self, i: int, obs: TextObservation, level: int, fits: Any
+    ) -> tuple[TextObservation, int]:
+        """The least-trimmed observation of env i (from `level` on) for which `fits` holds, or
+        the shortest the env can make."""
+        while not fits(obs):
+            shorter = self.envs[i].shorter_observation(level + 1)
+            if shorter is None:
+                break
+            obs, level = shorter, level + 1
+        return obs, level
+
+    def _fits_before(self, obs: TextObservation) -> bool:
+        """Before the reflection is known: the reflection prompt fits the server, and the policy
+        prompt leaves room for a reflection of `reflection.max_tokens` tokens."""
+        reflection_prompt = prompts.reflection_parts(obs).text
+        if count_tokens(self.reflection_tokenizer, reflection_prompt) > self.reflection_budget:
+            return False
+        room = self.config.env.max_prompt_tokens - self.config.reflection.max_tokens
+        order = list(range(len(obs.actions)))
+        policy = prompts.policy_parts(obs, "", self.labels, order).text
+        return count_tokens(self.tokenizer, policy) <= room
+
+    def _reflection_text(self, obs: TextObservation) -> str:
+        """The reflection prompt, its body's end cut if even the shortest observation is too
+        long for the server (an HTTP 400 there would crash the worker)."""
+        prompt = prompts.reflection_parts(obs)
+        ids, dropped = fit_tokens(self.reflection_tokenizer, prompt, self.reflection_budget)
+        if not dropped:
+            return prompt.text
+        self.counters["clipped_reflection_prompts"] += 1
+        return str(self.reflection_tokenizer.decode(ids))
 
 
 def hash_seed(*parts: int) -> int:

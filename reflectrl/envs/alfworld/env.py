@@ -9,6 +9,13 @@ Curriculum stages are chosen by `curriculum`: `task_type` (one stage per task ty
 `all`) or `walkthrough_length` (`walkthrough_le_N`: games whose walkthrough has at most N
 commands, then `all`). The game data directory is only read; the engine is created at the first
 reset and serves every later game of this env.
+
+Ends: a won game is `terminated`. The step limit is `truncated`: the observation counts the
+actions taken but never shows the limit, so the cut is outside the state the agent sees and
+GAE bootstraps from the last state's value (a hidden time limit, as in ALFWorld's own setup).
+
+Prompt budget: `shorter_observation(level)` shows fewer (command, feedback) pairs and then cuts
+long feedback; the room description and the task are never cut.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from reflectrl.envs.registry import EnvSpec, register_env
 from reflectrl.errors import ConfigError
 
 ALL = "all"
+FEEDBACK_CHARS = (300, 120)  # the last trimming levels cut each feedback text to these lengths
 
 
 class AlfWorldOptions(BaseModel):
@@ -92,7 +100,6 @@ class AlfWorldEnv(TextEnv):
         super().__init__()
         self.action_space = spaces.Discrete(self.max_actions)
         self._engine: Engine | None = None
-        self._episode_stage = self._stage
         self.game: GameEntry | None = None
         self.walkthrough: tuple[str, ...] | None = None
         self.walkthrough_progress = 0  # walkthrough commands played in order so far
@@ -136,10 +143,6 @@ class AlfWorldEnv(TextEnv):
         stages[ALL] = self.games
         return stages
 
-    @property
-    def episode_stage(self) -> str:
-        return self._episode_stage
-
     def stage_games(self, stage: str | None = None) -> tuple[GameEntry, ...]:
         return self._stage_games[stage or self._stage]
 
@@ -149,7 +152,7 @@ class AlfWorldEnv(TextEnv):
         """`options={"game": i}` plays `self.games[i]` (or a game file path); else a game of the
         stage, drawn with the env's seeded generator."""
         super().reset(seed=seed)
-        self._episode_stage = self._stage
+        self._begin_episode()
         self.game = self._choose_game((options or {}).get("game"))
         data = read_game(self.game.path)
         if self._engine is None:
@@ -210,16 +213,31 @@ class AlfWorldEnv(TextEnv):
         self.admissible = admissible
         self.menu = capped_menu(admissible, self.max_actions)
 
-    def _observation(self) -> TextObservation:
+    def shorter_observation(self, level: int) -> TextObservation | None:
+        if level < 1:
+            raise ValueError("level must be >= 1")
+        # Halve the pairs shown down to one, then cut each feedback text shorter.
+        halvings = max(0, self.options.history.bit_length() - 1)
+        pairs = max(1, self.options.history >> level)
+        cuts = max(0, level - halvings)
+        if cuts > len(FEEDBACK_CHARS):
+            return None
+        return self._observation(pairs, FEEDBACK_CHARS[cuts - 1] if cuts else None)
+
+    def _observation(
+        self, pairs: int | None = None, feedback_chars: int | None = None
+    ) -> TextObservation:
         parts = [self._description]
         if self._history:
-            shown = self._history[-self.options.history :]
+            shown = self._history[-(pairs or self.options.history) :]
             hidden = len(self._history) - len(shown)
             more = f", {hidden} earlier not shown" if hidden else ""
             parts.append(
                 f"\nYour last actions and what happened ({len(self._history)} so far{more}):"
             )
-            parts += [f"> {command}\n{feedback}" for command, feedback in shown]
+            parts += [
+                f"> {command}\n{_cut(feedback, feedback_chars)}" for command, feedback in shown
+            ]
         return TextObservation(
             instruction=f"You are in a household. Your task is to: {self.task}.",
             observation="\n".join(parts),
@@ -237,6 +255,10 @@ class AlfWorldEnv(TextEnv):
             "walkthrough_length": game.walkthrough_length if game else None,
         }
         return StepInfo(success=success, valid_actions=self.menu, extra=extra).as_dict()
+
+
+def _cut(text: str, limit: int | None) -> str:
+    return text if limit is None or len(text) <= limit else text[:limit] + " ..."
 
 
 register_env(

@@ -11,6 +11,13 @@ file again, an invalid typed command; the published code's cost here was always 
 at the end +horizon for identifying the target, -horizon for a wrong `id` or for running out
 of steps (horizon = `terminal_reward`, by default `max_steps`).
 
+Ends: every end is `terminated`, the step limit included. The observation shows the steps
+left, so running out is a terminal the agent can see coming, and it is paid for with the
+-horizon penalty; `truncated` would make GAE add gamma * V(s_T) on top of that penalty.
+
+Prompt budget: `shorter_observation(level)` halves the command history and the last output
+per level; the current directory and its listing (the current state) are never cut.
+
 `reset(options={"task_id": ...})` plays a given task of the split (the expert check does).
 
 Stages: `depth1` plays targets at the root, `depth2` targets at most one directory down,
@@ -29,6 +36,7 @@ import gymnasium as gym
 from gymnasium import spaces
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from reflectrl.envs.auto_explore.render import TRUNCATED
 from reflectrl.envs.auto_explore.sandbox import DEFAULT_MAX_READ_BYTES, DEFAULT_SUFFIXES, Sandbox
 from reflectrl.envs.auto_explore.shell import (
     DEFAULT_MAX_ACTIONS,
@@ -50,6 +58,7 @@ from reflectrl.envs.base import StepInfo, TextEnv, TextObservation
 from reflectrl.envs.registry import EnvSpec, register_env
 from reflectrl.errors import ConfigError
 
+MIN_OUTPUT = 100  # characters of the last output that the shortest observation still shows
 GUIDE = (
     "Explore the repository with `cd <dir>`, `cd ..` and `cat <file>`, then answer with "
     "`id <file>` on the file that answers the question."
@@ -119,7 +128,6 @@ class AutoExploreEnv(TextEnv):
         self._by_id = {t.id: t for t in self.tasks}
         self.task: Task = self.tasks[0]
         self.shell = Shell(View(self.sandbox(self.task.root), self.max_actions))
-        self._episode_stage = self._stage
         self._actions: tuple[str, ...] = ()
         self._steps = 0
         self._done = True  # no episode until the first reset
@@ -144,10 +152,6 @@ class AutoExploreEnv(TextEnv):
         return chosen
 
     @property
-    def episode_stage(self) -> str:
-        return self._episode_stage
-
-    @property
     def actions(self) -> tuple[str, ...]:
         """The menu of the current observation."""
         return self._actions
@@ -160,7 +164,7 @@ class AutoExploreEnv(TextEnv):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[TextObservation, dict[str, Any]]:
         gym.Env.reset(self, seed=seed)  # seeds self.np_random (TextEnv.reset is abstract)
-        self._episode_stage = self._stage
+        self._begin_episode()
         task_id = (options or {}).get("task_id")
         if task_id is not None:
             if task_id not in self._by_id:
@@ -176,6 +180,7 @@ class AutoExploreEnv(TextEnv):
         self.shell = Shell(view, max_output_chars=self.options.max_output_chars)
         self._steps = 0
         self._done = False
+        self._actions = self.shell.menu()
         obs = self._observation()
         return obs, self._info(success=False, status="ok")
 
@@ -205,25 +210,44 @@ class AutoExploreEnv(TextEnv):
         reward = -opts.step_penalty
         if result.status != "ok":
             reward -= opts.error_penalty
-        terminated = result.identified is not None
-        success = terminated and result.identified == self.task.parts
-        if terminated:
+        identified = result.identified is not None
+        success = identified and result.identified == self.task.parts
+        out_of_steps = not identified and self._steps >= opts.max_steps
+        if identified:
             reward += horizon if success else -horizon
-        truncated = not terminated and self._steps >= opts.max_steps
-        if truncated:
+        elif out_of_steps:
             reward -= horizon
-        self._done = terminated or truncated
+        # A visible step limit is a real terminal (see the module docstring): never truncated.
+        terminated = identified or out_of_steps
+        self._done = terminated
+        self._actions = self.shell.menu()
         obs = self._observation()
         info = self._info(success=success, status=result.status)
-        return obs, float(reward) * opts.reward_scale, terminated, truncated, info
+        return obs, float(reward) * opts.reward_scale, terminated, False, info
 
-    def _observation(self) -> TextObservation:
+    def shorter_observation(self, level: int) -> TextObservation | None:
+        if level < 1:
+            raise ValueError("level must be >= 1")
+
+        def budget(k: int) -> tuple[int, int]:
+            opts = self.options
+            return opts.history_len >> k, max(MIN_OUTPUT, opts.max_output_chars >> k)
+
+        if budget(level) == budget(level - 1):
+            return None  # the previous level was already the shortest
+        return self._observation(*budget(level))
+
+    def _observation(
+        self, history_len: int | None = None, output_chars: int | None = None
+    ) -> TextObservation:
         shell = self.shell
-        self._actions = shell.menu()
-        history = shell.history[-self.options.history_len :] if self.options.history_len else []
+        keep = self.options.history_len if history_len is None else history_len
+        history = shell.history[-keep:] if keep else []
         earlier = len(shell.history) - len(history)
         shown = (["..."] if earlier else []) + history
         last = shell.last.output if shell.last is not None else "(no command yet)"
+        if output_chars is not None and len(last) > output_chars:
+            last = last[:output_chars] + TRUNCATED
         left = self.options.max_steps - self._steps
         observation = (
             f"Current directory: {path_text(shell.cwd)}\n"

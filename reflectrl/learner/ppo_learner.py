@@ -1,0 +1,112 @@
+"""RLlib's PPO learner with gradient accumulation over length-sorted micro-batches.
+
+RLlib runs one forward/backward per minibatch over every row, right-padded to
+`env.max_prompt_tokens`, loss-masked bootstrap rows included. Here each minibatch's *loss rows*
+go through the LM `policy.micro_batch_size` at a time, grouped by prompt length so each
+micro-batch trims to nearly its own rows' width; bootstrap rows (LOSS_MASK false) never reach
+the LM in the update (their values for GAE come from `compute_values`, once per iteration).
+
+The loss is RLlib's own `compute_loss_for_module` on each micro-batch: a mean over the
+micro-batch's rows, weighted by its share of the minibatch's loss rows, so the accumulated
+gradient is the gradient of RLlib's whole-minibatch loss. Clipping and the optimizer step are
+RLlib's too. After each step the module's `weights_version` goes up by one, which tells
+`compute_values` which rollout values were computed with the current weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from ray.rllib.algorithms.ppo.ppo import (
+    LEARNER_RESULTS_KL_KEY,
+    LEARNER_RESULTS_VF_EXPLAINED_VAR_KEY,
+    LEARNER_RESULTS_VF_LOSS_UNCLIPPED_KEY,
+)
+from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
+from ray.rllib.core.columns import Columns
+from ray.rllib.core.learner.learner import ENTROPY_KEY, POLICY_LOSS_KEY, VF_LOSS_KEY
+from ray.rllib.evaluation.postprocessing import Postprocessing
+from ray.rllib.utils.torch_utils import explained_variance
+
+from reflectrl.models.policy import length_order
+
+# Loss statistics RLlib logs per loss call; re-logged as means over the whole minibatch.
+MEAN_STATS = (POLICY_LOSS_KEY, VF_LOSS_KEY, LEARNER_RESULTS_VF_LOSS_UNCLIPPED_KEY, ENTROPY_KEY)
+
+
+class ReflectRLPPOLearner(PPOTorchLearner):
+    def _uncompiled_update(self, batch: dict[str, Any], **kwargs: Any) -> tuple[Any, Any, Any]:
+        self._compute_off_policyness(batch)
+        loss_per_module = self.accumulate_gradients(batch)
+        gradients = {pid: p.grad for pid, p in self._params.items()}
+        self.apply_gradients(self.postprocess_gradients(gradients))
+        for module_id in loss_per_module:
+            self.module[module_id].unwrapped().weights_version += 1
+        return {}, loss_per_module, {}
+
+    def accumulate_gradients(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """Zero the gradients, then accumulate d(loss)/d(params) over micro-batches of the loss
+        rows of every module's minibatch; returns each module's (detached) total loss."""
+        for optimizer in self._optimizer_parameters:
+            optimizer.zero_grad(set_to_none=True)
+        losses: dict[str, torch.Tensor] = {}
+        for module_id, module_batch in batch.items():
+            rows = loss_rows(module_batch)
+            if rows.numel():
+                losses[module_id] = self._accumulate_module(module_id, module_batch, rows)
+        return losses
+
+    def _accumulate_module(
+        self, module_id: str, module_batch: dict[str, Any], rows: torch.Tensor
+    ) -> torch.Tensor:
+        module = self.module[module_id]
+        width = module.unwrapped().micro_batch_size
+        ordered = rows[length_order(module_batch[Columns.OBS]["attention_mask"][rows])]
+        chunks = ordered.tensor_split(-(-ordered.numel() // width))  # near-equal, <= width rows
+        total = torch.zeros(())
+        stats = dict.fromkeys((*MEAN_STATS, LEARNER_RESULTS_KL_KEY), 0.0)
+        values, targets = [], []
+        for k, chunk in enumerate(chunks):
+            part = take_rows(module_batch, chunk)
+            weight = chunk.numel() / rows.numel()
+            # Under DDP, gradients are all-reduced once, after the last micro-batch.
+            defer_sync = k < len(chunks) - 1 and hasattr(module, "no_sync")
+            with module.no_sync() if defer_sync else contextlib.nullcontext():
+                fwd_out = module.forward_train(part)
+                loss = self.compute_losses(fwd_out={module_id: fwd_out}, batch={module_id: part})
+                (loss[module_id] * weight).backward()
+            total = total + loss[module_id].detach() * weight
+            for key in stats:
+                stats[key] += _number(self.metrics.peek((module_id, key))) * weight
+            embeddings = fwd_out[Columns.EMBEDDINGS].detach()
+            values.append(module.unwrapped().compute_values(part, embeddings=embeddings))
+            targets.append(part[Postprocessing.VALUE_TARGETS])
+        stats[LEARNER_RESULTS_VF_EXPLAINED_VAR_KEY] = _number(
+            explained_variance(torch.cat(targets), torch.cat(values))
+        )
+        self.metrics.log_dict(stats, key=module_id, window=1)
+        return total
+
+
+def _number(value: Any) -> float:
+    return float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
+
+
+def loss_rows(module_batch: dict[str, Any]) -> torch.Tensor:
+    """Indices of the rows that carry loss (all rows when there is no LOSS_MASK)."""
+    mask = module_batch.get(Columns.LOSS_MASK)
+    if mask is None:
+        n = module_batch[Columns.OBS]["attention_mask"].shape[0]
+        return torch.arange(n)
+    return torch.nonzero(torch.as_tensor(mask), as_tuple=False)[:, 0]
+
+
+def take_rows(tree: Any, rows: torch.Tensor) -> Any:
+    """The same nested dict of tensors, with only `rows` (of the leading axis)."""
+    if isinstance(tree, dict):
+        return {key: take_rows(value, rows) for key, value in tree.items()}
+    if isinstance(tree, torch.Tensor):
+        return tree[rows.to(tree.device)]
+    return tree
