@@ -43,6 +43,8 @@ bench: install
 	$(BIN)/python -m benchmarks.reflection_batching
 	$(BIN)/python -m benchmarks.weight_sync
 	$(BIN)/python -m benchmarks.learner_memory
+	$(BIN)/python -m benchmarks.learner_update
+	$(BIN)/python -m benchmarks.rollout_sampling
 	$(BIN)/python -m benchmarks.auto_explore
 	$(BIN)/python -m benchmarks.alfworld
 

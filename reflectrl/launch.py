@@ -7,9 +7,7 @@ policy's LoRA, sync it, let the coordinator move the curriculum -> log and check
 
 from __future__ import annotations
 
-import json
 import logging
-import shutil
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -23,13 +21,14 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.tune.registry import register_env
 
 from reflectrl import prompts
+from reflectrl.checkpoints import latest_checkpoint, read_state, write_checkpoint
 from reflectrl.config import ReflectRLConfig, dump_config, load_config
 from reflectrl.coordinator import CoordinatorCallback, Curriculum
 from reflectrl.envs.registry import make_text_env
 from reflectrl.errors import ConfigError, ReflectionServerError
 from reflectrl.learner.ppo_learner import ReflectRLPPOLearner
 from reflectrl.learner.rl_module import ReflectRLModule, state_nbytes
-from reflectrl.metrics import MetricsSink
+from reflectrl.metrics import MetricsSink, format_progress
 from reflectrl.models.loading import load_tokenizer, resolve_model
 from reflectrl.models.tokens import label_token_ids
 from reflectrl.ray_cluster import init_ray
@@ -40,7 +39,6 @@ from reflectrl.worker_failures import WorkerFailureWatch
 logger = logging.getLogger(__name__)
 
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints")
-STATE_FILE = "reflectrl_state.json"
 ENV_ID = "reflectrl_vector_env"
 
 
@@ -78,16 +76,6 @@ def resolve_run(opts: LaunchOptions) -> tuple[ReflectRLConfig, Path, Path | None
             "or choose another --output"
         )
     return config, run_dir, None
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    pointer = run_dir / "checkpoints" / "latest"
-    if not pointer.is_file():
-        return None
-    path = run_dir / "checkpoints" / pointer.read_text().strip()
-    if not (path / STATE_FILE).is_file():
-        raise ConfigError(f"checkpoint {path} is incomplete; point checkpoints/latest at another")
-    return path
 
 
 @dataclass(frozen=True)
@@ -335,14 +323,6 @@ class Run:
 
     # -- checkpoints ---------------------------------------------------------------------
     def save(self) -> Path:
-        """RLlib checkpoint + peft adapter + our state; written aside, then renamed (atomic)."""
-        root = self.run_dir / "checkpoints"
-        name = f"iter_{self.iteration:06d}"
-        final, tmp = root / name, root / f".{name}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        self.algo.save_to_path(str(tmp / "rllib"))
-        self.learner_module().policy.save_adapter(tmp / "adapter")
         state = {
             "iteration": self.iteration,
             "env_steps": self.env_steps,
@@ -350,19 +330,14 @@ class Run:
             # curriculum, run totals, each worker's env random streams
             **self.coordinator.state_dict(),
         }
-        (tmp / STATE_FILE).write_text(json.dumps(state, indent=2))
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-        pointer_tmp = root / ".latest.tmp"
-        pointer_tmp.write_text(name)
-        pointer_tmp.replace(root / "latest")
+        policy = self.learner_module().policy
+        path = write_checkpoint(self.run_dir, self.iteration, self.algo, policy, state)
         self.last_saved = self.iteration
-        return final
+        return path
 
     def _restore(self, checkpoint: Path) -> None:
         self.algo.restore_from_path(str(checkpoint / "rllib"))
-        state = json.loads((checkpoint / STATE_FILE).read_text())
+        state = read_state(checkpoint)
         self.iteration = int(state["iteration"])
         self.adapter_version = int(state["adapter_version"])
         self.coordinator.load_state_dict(state)
@@ -392,21 +367,6 @@ def _scalar(value: Any) -> float | None:
         return float(value)
     except (TypeError, ValueError):
         return None
-
-
-def format_progress(row: dict[str, Any], total: int) -> str:
-    ret = row["episode_return_mean"]
-    line = (
-        f"iter {row['iteration']:>4}/{total}  env_steps {row['env_steps']:>7}  "
-        f"success {row['success_rate']:.2f}  stage {row['stage']}  "
-        f"return {'n/a' if ret is None else f'{ret:+.3f}'}  "
-        f"steps/s {row['env_steps_per_s']:.1f}  reflections {row['reflection_calls']}"
-    )
-    if not row["updated"]:  # e.g. no samples arrived within run.sample_timeout_s
-        line += "  NO POLICY UPDATE this iteration"
-    if row["restarted_workers"]:  # RLlib restarts crashed workers silently: say so
-        line += f"  RESTARTED WORKERS {row['restarted_workers']} (see the Ray logs)"
-    return line
 
 
 def launch(opts: LaunchOptions) -> Path:

@@ -1,5 +1,5 @@
-"""Where each iteration's figures go: metrics.jsonl, TensorBoard, and Ray's metrics endpoint
-(gauges named reflectrl_*, shown on the Ray dashboard's metrics view)."""
+"""Where each iteration's figures go: metrics.jsonl, TensorBoard, Ray's metrics endpoint
+(gauges named reflectrl_*, shown on the Ray dashboard's metrics view) and the console line."""
 
 from __future__ import annotations
 
@@ -59,6 +59,21 @@ class MetricsSink:
     def close(self) -> None:
         self.jsonl.close()
         self.tensorboard.close()
+
+
+def format_progress(row: dict[str, Any], total: int) -> str:
+    ret = row["episode_return_mean"]
+    line = (
+        f"iter {row['iteration']:>4}/{total}  env_steps {row['env_steps']:>7}  "
+        f"success {row['success_rate']:.2f}  stage {row['stage']}  "
+        f"return {'n/a' if ret is None else f'{ret:+.3f}'}  "
+        f"steps/s {row['env_steps_per_s']:.1f}  reflections {row['reflection_calls']}"
+    )
+    if not row["updated"]:  # e.g. no samples arrived within run.sample_timeout_s
+        line += "  NO POLICY UPDATE this iteration"
+    if row["restarted_workers"]:  # RLlib restarts crashed workers silently: say so
+        line += f"  RESTARTED WORKERS {row['restarted_workers']} (see the Ray logs)"
+    return line
 
 
 def keep_rows_up_to(path: Path, iteration: int) -> None:

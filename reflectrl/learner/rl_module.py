@@ -48,6 +48,8 @@ class ReflectRLModule(TorchRLModule, ValueFunctionAPI):
         )
         self.micro_batch_size = int(cfg["micro_batch_size"])
         self.values_from_rollouts = bool(cfg.get("values_from_rollouts", True))
+        # Off only to measure what skipping the episodes' last observations saves.
+        self.live_rows_only = bool(cfg.get("live_rows_only", True))
         # Optimizer steps applied so far (the learner counts them; workers receive it with the
         # weights). Equal versions mean equal weights, so a rollout value is the learner's.
         self.weights_version = 0
@@ -67,7 +69,7 @@ class ReflectRLModule(TorchRLModule, ValueFunctionAPI):
         # Placeholder for rows that are not live: uniform over the menu (the action is ignored).
         logits = torch.zeros_like(option_mask).masked_fill(option_mask <= 0, MASKED_LOGIT)
         values = torch.zeros(n, device=option_mask.device)
-        live = _live_rows(obs)
+        live = _live_rows(obs) if self.live_rows_only else torch.arange(n)
         if live.numel():
             # Sampling never needs gradients: without no_grad every rollout step builds a graph.
             with torch.no_grad():
