@@ -8,6 +8,7 @@ our faster update path stops computing what RLlib's own path computes.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from reflectrl.in_process import build_in_process
 from tests.helpers import perturb
 
 MID = DEFAULT_MODULE_ID
+SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
 # Short episodes (max_steps 6) so a round holds terminated, env-truncated and cut chunks.
 OVERRIDES = [
     "reflection.enabled=false",
@@ -43,7 +45,7 @@ REFERENCE = {
 
 @pytest.fixture(scope="module")
 def sampled() -> tuple[Any, list[Any]]:
-    config = load_config("configs/smoke.yaml", [*OVERRIDES, "policy.micro_batch_size=5"])
+    config = load_config(SMOKE, [*OVERRIDES, "policy.micro_batch_size=5"])
     local = build_in_process(config)
     perturb(local.module)
     local.sync_weights()
@@ -132,7 +134,7 @@ def test_default_vf_clip_keeps_the_critic_learning(
     overrides = [*OVERRIDES, "ppo.entropy_coeff=0"]
     if vf_clip_param is not None:
         overrides.append(f"ppo.vf_clip_param={vf_clip_param}")
-    local = build_in_process(load_config("configs/smoke.yaml", overrides))
+    local = build_in_process(load_config(SMOKE, overrides))
     batch = local.train_batch(local.sample())
     torch.nn.init.constant_(local.module.policy.value_head.bias, 1.8)
     batch[MID][Postprocessing.VALUE_TARGETS] = torch.full_like(
