@@ -309,14 +309,14 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         }
         self.last_prompts = []
         for i in range(self.num_envs):
-            reflection = reflections[i]
-
-            def fits(obs: TextObservation, _i: int = i, _r: str | None = reflection) -> bool:
-                return count_tokens(self.tokenizer, self._policy(_i, obs, _r).text) <= length
-
-            obs, _ = self._shorten(i, text_obs[i], levels[i], fits)
-            prompt = self._policy(i, obs, reflection)
-            ids, dropped = fit_tokens(self.tokenizer, prompt, length)
+            obs, level = text_obs[i], levels[i]
+            while True:  # one tokenization when the prompt fits (the usual case)
+                prompt = self._policy(i, obs, reflections[i])
+                ids, dropped = fit_tokens(self.tokenizer, prompt, length)
+                shorter = self.envs[i].shorter_observation(level + 1) if dropped else None
+                if shorter is None:
+                    break
+                obs, level = shorter, level + 1
             self.counters["truncated_prompts"] += int(dropped > 0)
             batch["input_ids"][i], batch["attention_mask"][i] = pad_tokens(
                 self.tokenizer, ids, length
