@@ -58,7 +58,7 @@ def main() -> None:
     with VLLMServer(
         resolve_model(config.reflection.model),
         log,
-        served_model_name=config.reflection.served_model_name,
+        served_model_name=config.reflection.request_model,
         max_model_len=config.reflection.max_model_len,
     ) as server:
         overrides = ["reflection.server=url", f"reflection.url={server.url}"]

@@ -44,7 +44,11 @@ def main() -> None:
     import ray
 
     from reflectrl.config import load_config
-    from reflectrl.evaluate import evaluate
+
+    try:
+        from reflectrl.evaluation.episodes import evaluate
+    except ImportError:  # commits before the evaluation package
+        from reflectrl.evaluate import evaluate  # type: ignore[no-redef]
     from reflectrl.launch import Run
     from reflectrl.models.loading import load_tokenizer, resolve_model
     from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv

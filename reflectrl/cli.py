@@ -20,13 +20,16 @@ EXIT_USAGE = 2
 
 # Modules that add subcommands besides `launch` (each defines `add_commands(subparsers)`).
 COMMAND_MODULES: tuple[str, ...] = (
+    "reflectrl.data.commands",
+    "reflectrl.sft.commands",
+    "reflectrl.evaluation.commands",
     "reflectrl.envs.auto_explore.commands",
     "reflectrl.envs.alfworld.commands",
 )
 
 
 def run_launch(args: argparse.Namespace) -> int:
-    from reflectrl.launch import LaunchOptions, launch
+    from reflectrl.pipeline import LaunchOptions, launch
 
     options = LaunchOptions(
         workers=args.workers,
@@ -44,9 +47,12 @@ def run_launch(args: argparse.Namespace) -> int:
 def add_launch_command(sub: Any) -> None:
     launch = sub.add_parser(
         "launch",
-        help="train on a local Ray (default) or a Ray cluster",
-        description="Train a policy with PPO + LoRA on rollout workers that ask a reflection "
-        "server for a reflection at every step.",
+        help="run the method (data, SFT, RL, eval) on a local Ray (default) or a Ray cluster",
+        description="Run the configured stages in one run directory: data (expert episodes "
+        "with negative examples) -> sft (reflection model, then policy) -> rl (PPO + LoRA on "
+        "rollout workers that ask the reflection server at every step) -> eval (held-out "
+        "success). sft.enabled / rl.enabled / eval.enabled switch stages off; --resume skips "
+        "finished stages and continues the unfinished one.",
     )
     launch.add_argument("--workers", type=int, default=2, help="rollout workers (default 2)")
     launch.add_argument("--config", help="YAML config (default: the built-in defaults)")
@@ -62,7 +68,10 @@ def add_launch_command(sub: Any) -> None:
     )
     launch.add_argument("--address", help="join this Ray cluster (default: $RAY_ADDRESS or local)")
     launch.add_argument(
-        "--resume", metavar="DIR", help="continue the run in DIR from its latest checkpoint"
+        "--resume",
+        metavar="DIR",
+        help="continue the run in DIR: finished stages are skipped, RL resumes from its latest "
+        "checkpoint",
     )
     launch.set_defaults(handler=run_launch)
 

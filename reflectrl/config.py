@@ -46,6 +46,9 @@ class PolicyConfig(Strict):
     # Menu labels in order; each must be one token of the tokenizer (checked at start-up).
     labels: str = "123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
     lora: LoraSettings = Field(default_factory=LoraSettings)
+    # A peft LoRA adapter from `reflectrl sft` (OUT/policy) that PPO starts from; it must have
+    # the shapes policy.lora makes. None: a fresh LoRA (RL from scratch).
+    init_adapter: str | None = None
     # How the LM is run; none of these changes what is learned (tests compare losses and
     # gradients with and without them).
     # Rows per LM forward/backward in the PPO update and the GAE value pass: gradients are
@@ -70,6 +73,11 @@ class ReflectionConfig(Strict):
     # tokenizer measures reflection prompts against max_model_len: name the served model.
     model: str = "smollm2"
     served_model_name: str = "reflection"
+    lora: LoraSettings = Field(default_factory=LoraSettings)  # of the reflection SFT adapter
+    # The frozen SFT adapter the reflections come from. server=local: a peft adapter folder
+    # (OUT/reflection of `reflectrl sft`), served by vLLM next to the base model; server=url:
+    # the name the server serves the adapter under. None: the base model answers.
+    adapter: str | None = None
     device: Literal["cpu", "cuda"] = "cpu"
     host: str = "127.0.0.1"
     port: int = Field(0, ge=0, le=65535)  # 0: a free port
@@ -86,6 +94,13 @@ class ReflectionConfig(Strict):
         if self.enabled and self.server == "url" and not self.url:
             raise ValueError("reflection.server is 'url' but reflection.url is not set")
         return self
+
+    @property
+    def request_model(self) -> str:
+        """The model name reflection requests ask for: the adapter's when there is one."""
+        if self.adapter is None:
+            return self.served_model_name
+        return self.adapter if self.server == "url" else f"{self.served_model_name}-sft"
 
 
 class PPOSettings(Strict):
@@ -157,6 +172,61 @@ class RunConfig(Strict):
     dashboard_port: int = Field(8265, ge=1, le=65535)
 
 
+class WriterConfig(Strict):
+    # An OpenAI-compatible base URL (e.g. https://api.openai.com/v1) whose chat model words the
+    # data's reflections; None: the built-in templated writer.
+    url: str | None = None
+    model: str = "gpt-4o-mini"
+    api_key_env: str = "OPENAI_API_KEY"  # the environment variable holding the key
+    timeout_s: float = Field(60.0, gt=0)
+
+
+class DataConfig(Strict):
+    """SFT data (`reflectrl data`): expert episodes from the env's training split only."""
+
+    episodes: int = Field(300, ge=1)  # spread evenly over the curriculum stages
+    negative_rate: float = Field(0.2, ge=0, le=1)  # steps where a wrong action is taken
+    eval_fraction: float = Field(0.1, ge=0, lt=1)  # episodes kept for SFT's eval loss
+    seed: int | None = None  # None: run.seed
+    writer: WriterConfig = Field(default_factory=WriterConfig)
+
+
+class SFTSettings(Strict):
+    """Warm-up SFT of both players (`reflectrl sft`) on the data of `reflectrl data`."""
+
+    # The pipeline's data and sft stages (`reflectrl launch`); false: RL from scratch.
+    enabled: bool = True
+
+    # lora: a peft adapter over the frozen model; full: every weight (for small models trained
+    # from scratch, where a LoRA over random weights cannot learn much).
+    method: Literal["lora", "full"] = "lora"
+    lr: float = Field(2e-4, gt=0)
+    epochs: float = Field(1.0, gt=0)
+    max_steps: int | None = Field(None, ge=1)  # set: this many steps instead of `epochs`
+    batch_size: int = Field(8, ge=1)
+    warmup_steps: int = Field(0, ge=0)
+    logging_steps: int = Field(10, ge=1)
+    eval_steps: int = Field(50, ge=1)  # eval loss on the held-out rows every this many steps
+    seed: int | None = None  # None: run.seed
+
+
+class RLStage(Strict):
+    enabled: bool = True  # the pipeline's rl stage; false: the SFT-only ablation
+
+
+class EvalConfig(Strict):
+    """Held-out evaluation (`reflectrl eval`, and during RL every `every` iterations)."""
+
+    enabled: bool = True  # the pipeline's final eval stage
+
+    split: str | None = None  # None: the env's held-out split (Taxi/AutoExplore test, ALFWorld
+    # valid_unseen)
+    episodes: int = Field(30, ge=1)  # per stage and per decoding (greedy, sampled)
+    stages: list[str] = Field(default_factory=list)  # empty: every curriculum stage
+    every: int = Field(0, ge=0)  # during RL, every this many iterations; 0: never
+    seed: int | None = None  # None: run.seed
+
+
 class ReflectRLConfig(Strict):
     env: EnvConfig = Field(default_factory=EnvConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
@@ -164,6 +234,10 @@ class ReflectRLConfig(Strict):
     ppo: PPOSettings = Field(default_factory=PPOSettings)
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    sft: SFTSettings = Field(default_factory=SFTSettings)
+    rl: RLStage = Field(default_factory=RLStage)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
 
 
 def _format_validation_error(err: ValidationError, source: str) -> str:

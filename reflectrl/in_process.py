@@ -17,7 +17,8 @@ from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 
 from reflectrl.config import ReflectRLConfig
-from reflectrl.launch import build_ppo_config, preflight
+from reflectrl.launch import build_ppo_config
+from reflectrl.preflight import preflight
 
 
 @dataclass

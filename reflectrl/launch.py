@@ -1,4 +1,4 @@
-"""`reflectrl launch`: build the RLlib PPO algorithm from the config and run the iterations.
+"""The RL stage of `reflectrl launch`: build the RLlib PPO algorithm and run the iterations.
 
 Reads like the method: start (or join) Ray -> start the reflection server -> build PPO with
 our RLModule and vector env -> each iteration: sample on all rollout workers, update the
@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,89 +19,23 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.tune.registry import register_env
 
-from reflectrl import prompts
-from reflectrl.checkpoints import latest_checkpoint, read_state, write_checkpoint
-from reflectrl.config import ReflectRLConfig, dump_config, load_config
+from reflectrl.checkpoints import read_state, write_checkpoint
+from reflectrl.config import ReflectRLConfig, dump_config
 from reflectrl.coordinator import CoordinatorCallback, Curriculum
 from reflectrl.envs.registry import make_text_env
-from reflectrl.errors import ConfigError, ReflectionServerError
+from reflectrl.errors import ReflectionServerError
+from reflectrl.evaluation.runner import Evaluator, PolicySource
 from reflectrl.learner.ppo_learner import ReflectRLPPOLearner
 from reflectrl.learner.rl_module import ReflectRLModule, state_nbytes
 from reflectrl.metrics import MetricsSink, format_progress
-from reflectrl.models.loading import load_tokenizer, resolve_model
-from reflectrl.models.tokens import label_token_ids
-from reflectrl.ray_cluster import init_ray
+from reflectrl.preflight import PolicySpec, check_run
 from reflectrl.rollout_workers.error_sink import start_error_sink
 from reflectrl.rollout_workers.runner_env import env_config_for, make_vector_env
 from reflectrl.worker_failures import WorkerFailureWatch
 
 logger = logging.getLogger(__name__)
 
-RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints")
 ENV_ID = "reflectrl_vector_env"
-
-
-@dataclass
-class LaunchOptions:
-    workers: int
-    config_path: str | None = None
-    output: str | None = None
-    iterations: int | None = None
-    overrides: list[str] = field(default_factory=list)
-    address: str | None = None
-    resume: str | None = None
-
-
-def resolve_run(opts: LaunchOptions) -> tuple[ReflectRLConfig, Path, Path | None]:
-    """(config, run dir, checkpoint to resume from). Refuses to overwrite an earlier run."""
-    if opts.workers < 1:
-        raise ConfigError(f"--workers {opts.workers}: need at least 1 rollout worker")
-    overrides = list(opts.overrides)
-    if opts.iterations is not None:
-        overrides.append(f"run.iterations={opts.iterations}")
-    if opts.resume:
-        run_dir = Path(opts.resume)
-        if not (run_dir / "config.yaml").is_file():
-            raise ConfigError(f"--resume {run_dir}: no config.yaml there; is it a run directory?")
-        if opts.output and Path(opts.output).resolve() != run_dir.resolve():
-            raise ConfigError("--resume continues in its own directory; drop --output")
-        config = load_config(opts.config_path or run_dir / "config.yaml", overrides)
-        return config, run_dir, latest_checkpoint(run_dir)
-    config = load_config(opts.config_path, overrides)
-    run_dir = Path(opts.output or f"runs/{config.env.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    if run_dir.exists() and any((run_dir / m).exists() for m in RUN_MARKERS):
-        raise ConfigError(
-            f"--output {run_dir} holds an earlier run; pass --resume {run_dir} to continue it "
-            "or choose another --output"
-        )
-    return config, run_dir, None
-
-
-@dataclass(frozen=True)
-class PolicySpec:
-    """What the learner and every worker agree on: the model and the label tokens."""
-
-    model_dir: Path
-    label_token_ids: list[int]
-
-
-def preflight(config: ReflectRLConfig) -> PolicySpec:
-    """Everything that can fail on bad input, checked before Ray or vLLM start."""
-    model_dir = resolve_model(config.policy.model)
-    tokenizer = load_tokenizer(model_dir)
-    env = make_text_env(config.env.name, config.env.options)
-    Curriculum(config.curriculum, env.stages)  # unknown stage names fail here
-    max_actions = env.max_actions
-    if max_actions > len(config.policy.labels):
-        raise ConfigError(
-            f"policy.labels has {len(config.policy.labels)} labels but env {config.env.name!r} "
-            f"shows up to {max_actions} actions; add labels"
-        )
-    labels = config.policy.labels[:max_actions]
-    label_ids = label_token_ids(tokenizer, labels, prompts.ACTION_MARKER)
-    if config.reflection.enabled and config.reflection.server == "local":
-        resolve_model(config.reflection.model)
-    return PolicySpec(model_dir=model_dir, label_token_ids=label_ids)
 
 
 def build_ppo_config(
@@ -166,6 +99,7 @@ def build_ppo_config(
                     "trim_padding": policy.trim_padding,
                     "values_from_rollouts": policy.values_from_rollouts,
                     "gradient_checkpointing": policy.gradient_checkpointing,
+                    "init_adapter": policy.init_adapter,
                 },
             )
         )
@@ -183,10 +117,7 @@ class Run:
 
     def __init__(self, config: ReflectRLConfig, run_dir: Path, workers: int) -> None:
         self.config = config
-        self.spec = preflight(config)
-        config.ppo.batch_size(workers, config.env.envs_per_worker)  # a bad shape fails here
-        if config.reflection.enabled and config.reflection.server == "url":
-            self._check_reflection_url(str(config.reflection.url))
+        self.spec = check_run(config, workers)
         self.last_saved = -1
         self.restarts_seen = 0
         self.adapter_version = 0
@@ -196,6 +127,7 @@ class Run:
         self.reflection_actor: Any = None
         self.reflection_url: str | None = None
         self.algo: Any = None
+        self.evaluator: Evaluator | None = None  # held-out eval every `eval.every` iterations
         self.error_sink: Any = None
         self.sink: MetricsSink | None = None
         self.failures = WorkerFailureWatch(config.run.max_failed_iterations)
@@ -203,13 +135,14 @@ class Run:
     # -- set-up --------------------------------------------------------------------------
     def start(self, resume_from: Path | None = None) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if resume_from is None:
+        if not (self.run_dir / "config.yaml").exists():  # the pipeline writes the user's config
             (self.run_dir / "config.yaml").write_text(dump_config(self.config))
         r = self.config.reflection
         if r.enabled and r.server == "local":
             from reflectrl.reflection.actor import start_reflection_actor
 
-            print(f"starting the reflection server ({r.model}); log: {self.log_path}", flush=True)
+            served = r.model + (f" + adapter {r.adapter}" if r.adapter else "")
+            print(f"starting the reflection server ({served}); log: {self.log_path}", flush=True)
             self.reflection_actor, self.reflection_url = start_reflection_actor(r, self.log_path)
         elif r.enabled:
             self.reflection_url = r.url
@@ -228,6 +161,8 @@ class Run:
         self.sink = MetricsSink(
             self.run_dir, resume_from=self.iteration if resume_from is not None else None
         )
+        if self.config.eval.every:
+            self.evaluator = Evaluator(self.config, self.reflection_url, self.workers)
 
     @property
     def log_path(self) -> Path:
@@ -240,15 +175,6 @@ class Run:
             if isinstance(cb, CoordinatorCallback):
                 return cb
         raise RuntimeError("the coordinator callback is missing from the algorithm")
-
-    def _check_reflection_url(self, url: str) -> None:
-        from reflectrl.rollout_workers.runner_env import make_reflection_client
-
-        if not make_reflection_client(self.config, url, 0).health():
-            raise ConfigError(
-                f"reflection.url {url} does not answer; start the server there or set "
-                "reflection.server=local"
-            )
 
     # -- the loop ------------------------------------------------------------------------
     @property
@@ -296,11 +222,28 @@ class Run:
             "vf_loss": _scalar(learner.get("vf_loss")),
             "entropy": _scalar(learner.get("entropy")),
         }
+        if self.evaluator is not None and self.iteration % self.config.eval.every == 0:
+            row.update(self.evaluate_now())
         assert self.sink is not None
         self.sink.write(row)
         if self.iteration % self.config.run.checkpoint_every == 0:
             self.save()
         return row
+
+    def evaluate_now(self) -> dict[str, Any]:
+        """Held-out success of the learner's current weights (the `eval_*` metrics)."""
+        assert self.evaluator is not None
+        state = {
+            k: v.detach().cpu() for k, v in self.learner_module().policy.trainable_state().items()
+        }
+        report = self.evaluator.run(PolicySource(state=state))
+        greedy, sampled = report["greedy"]["all"], report["sampled"]["all"]
+        return {
+            "eval_success_rate": greedy["success_rate"],
+            "eval_success_rate_sampled": sampled["success_rate"],
+            "eval_return_mean": greedy["return_mean"],
+            "eval_length_mean": greedy["length_mean"],
+        }
 
     def _check_reflection_alive(self) -> None:
         """Workers crashed: if the reflection server is gone, stop with a clear error."""
@@ -348,6 +291,9 @@ class Run:
         """Release everything; never raises over the error that may be stopping the run."""
         if self.sink is not None:
             self.sink.close()
+        if self.evaluator is not None:
+            self.evaluator.close()
+            self.evaluator = None
         if self.algo is not None:
             self.algo.stop()
         if self.reflection_actor is not None:
@@ -369,12 +315,10 @@ def _scalar(value: Any) -> float | None:
         return None
 
 
-def launch(opts: LaunchOptions) -> Path:
-    config, run_dir, resume_from = resolve_run(opts)
-    run = Run(config, run_dir, opts.workers)  # checks models and labels before Ray starts
-    dashboard = init_ray(opts.address, config, opts.workers)
-    if dashboard:
-        print(f"Ray dashboard: {dashboard}", flush=True)
+def train(config: ReflectRLConfig, run_dir: Path, workers: int, resume_from: Path | None) -> Run:
+    """The RL stage on a running Ray: iterations until `run.iterations`, one progress line
+    each; what was learned is saved on every exit, also on Ctrl-C or a failure."""
+    run = Run(config, run_dir, workers)
     failure: BaseException | None = None
     try:
         run.start(resume_from)
@@ -387,12 +331,10 @@ def launch(opts: LaunchOptions) -> Path:
     # Outside the except block on purpose: Ray and RLlib log with exc_info while shutting down,
     # which would print the failure's traceback above its one-line message.
     try:
-        # Also on Ctrl-C or a failure: keep what was learned so far.
         if run.algo is not None and run.iteration > 0 and run.last_saved != run.iteration:
             print(f"saved {run.save()}", flush=True)
     finally:
         run.close()
-        ray.shutdown()
     if failure is not None:
         raise failure
-    return run_dir
+    return run

@@ -69,6 +69,11 @@ def format_progress(row: dict[str, Any], total: int) -> str:
         f"return {'n/a' if ret is None else f'{ret:+.3f}'}  "
         f"steps/s {row['env_steps_per_s']:.1f}  reflections {row['reflection_calls']}"
     )
+    if "eval_success_rate" in row:
+        line += (
+            f"  held-out success {row['eval_success_rate']:.2f} greedy / "
+            f"{row['eval_success_rate_sampled']:.2f} sampled"
+        )
     if not row["updated"]:  # e.g. no samples arrived within run.sample_timeout_s
         line += "  NO POLICY UPDATE this iteration"
     if row["restarted_workers"]:  # RLlib restarts crashed workers silently: say so

@@ -26,6 +26,7 @@ class FakeServer:
     requests: list[dict[str, Any]] = field(default_factory=list)
     # Each entry: "ok", an HTTP status int, ("sleep", seconds), or ("drop_index", i).
     plan: list[Any] = field(default_factory=list)
+    chat_text: str = "A reflection."  # what /v1/chat/completions answers
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def next_action(self) -> Any:
@@ -75,6 +76,10 @@ def _make_handler(state: FakeServer) -> type[BaseHTTPRequestHandler]:
             with state.lock:
                 state.requests.append({"path": self.path, "body": body})
             action = state.next_action()
+            if self.path == "/v1/chat/completions":
+                message = {"role": "assistant", "content": state.chat_text}
+                self._send(200, {"choices": [{"index": 0, "message": message}]})
+                return
             prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
             if isinstance(action, int):
                 self._send(action, {"error": {"message": f"scripted failure {action}"}})

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import torch
 
 
@@ -13,3 +17,78 @@ def perturb(module: torch.nn.Module, seed: int = 0) -> None:
         for p in module.parameters():
             if p.requires_grad:
                 p.add_(0.05 * torch.randn(p.shape, generator=generator))
+
+
+def check_dataset(config: Any, out: Path, rate_bounds: tuple[float, float]) -> list[dict]:
+    """Replay every episode of a data set in the real env and check what SFT data must hold:
+    each label is the expert's action in that state; a step after a perturbed one is a
+    negative example whose label is the expert's recovery; every row's prompt is byte-equal to
+    what the rollout worker's vector env renders for the same state and reflection. Returns
+    the rows."""
+    from reflectrl.data.demos import demonstrator_for
+    from reflectrl.models.loading import load_tokenizer, resolve_model
+    from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv, hash_seed
+
+    rows = [json.loads(line) for line in (out / "data.jsonl").read_text().splitlines()]
+    stats = json.loads((out / "stats.json").read_text())
+    demo = demonstrator_for(config.env.name)
+    tokenizer = load_tokenizer(resolve_model(config.policy.model))
+
+    class RowReflection:  # hands the vector env the row's reflection, records its prompts
+        def __init__(self) -> None:
+            self.seed: int | None = None
+            self.text = ""
+            self.prompts: list[str] = []
+
+        def reflect(self, prompts: list[str]) -> list[str]:
+            self.prompts = prompts
+            return [self.text] * len(prompts)
+
+    reflector = RowReflection()
+    train = config.model_copy(deep=True)
+    train.env.options["split"] = demo.train_split
+    plain = train.model_copy(deep=True)
+    plain.reflection.enabled = False
+    vec = ReflectRLVectorEnv(train, tokenizer, reflector, num_envs=1)
+    vec_plain = ReflectRLVectorEnv(plain, tokenizer, None, num_envs=1)
+    by_step: dict[tuple[int, int], dict[str, dict]] = {}
+    for row in rows:
+        by_step.setdefault((row["episode"], row["step"]), {})[row["target"]] = row
+    perturbed = negatives = 0
+    for e in sorted({e for e, _ in by_step}):
+        first = by_step[(e, 0)]["sft"]
+        env, env_plain = vec.envs[0], vec_plain.envs[0]
+        for each in (env, env_plain):
+            each.set_stage(first["stage"])
+        obs, _ = env.reset(seed=hash_seed(stats["seed"], e))
+        env_plain.reset(seed=hash_seed(stats["seed"], e))
+        assert demo.task_id(env) == first["task"]
+        for t in sorted(t for ep, t in by_step if ep == e):
+            row = by_step[(e, t)]
+            policy = row["sft_policy"]
+            assert obs.actions[demo.expert(env)] == policy["expert_action"]
+            reflector.text = row["sft_reflection"]["completion"]
+            vec._orders[0] = vec_plain._orders[0] = list(range(len(obs.actions)))
+            vec._observe([obs], [True], [True])
+            vec_plain._observe([obs], [True], [True])
+            assert reflector.prompts == [row["sft_reflection"]["prompt"]]
+            assert vec.last_prompts == [policy["prompt"]]
+            assert vec_plain.last_prompts == [row["sft"]["prompt"]]
+            lines = policy["prompt"].split("Valid actions:\n")[1].removesuffix(" # Action:\n")
+            menu = dict(line.split(". ", 1) for line in lines.splitlines())
+            assert menu[policy["completion"]] == policy["expert_action"]  # label = the expert
+            assert row["sft"]["completion"] == policy["completion"]
+            if t > 0 and by_step[(e, t - 1)]["sft"]["perturbed"]:
+                assert policy["negative"]  # after a mistake: its reflection and the recovery
+            if policy["perturbed"]:
+                assert policy["taken_action"] != policy["expert_action"]
+            perturbed += int(policy["perturbed"])
+            negatives += int(policy["negative"])
+            take = obs.actions.index(policy["taken_action"])
+            obs, *_ = env.step(take)
+            env_plain.step(take)
+    assert perturbed == stats["perturbed_steps"] and negatives == stats["negative_steps"]
+    assert negatives >= 0.8 * perturbed  # only a mistake on an episode's last step has none
+    low, high = rate_bounds
+    assert low <= perturbed / len(by_step) <= high, perturbed / len(by_step)
+    return rows

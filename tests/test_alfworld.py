@@ -529,3 +529,24 @@ def test_shorter_observations_trim_history_never_the_room(data_dir: Path) -> Non
         pairs.append(shorter.observation.count("\n> "))
         level += 1
     assert pairs[:2] == [2, 1] and pairs[-1] == 1 and level > 3  # then feedback gets cut
+
+
+def test_sft_data_on_alfworld(data_dir: Path, tmp_path: Path) -> None:
+    from reflectrl.config import load_config
+    from reflectrl.data.dataset import write_dataset
+    from tests.helpers import check_dataset
+
+    config = load_config(
+        REPO / "configs" / "alfworld.yaml",
+        [
+            f"env.options.data_dir={data_dir}",
+            "policy.model=tiny",
+            "reflection.model=tiny",
+            "data.negative_rate=0.3",
+        ],
+    )
+    write_dataset(config, tmp_path / "data", episodes=6, seed=0, progress=False)
+    rows = check_dataset(config, tmp_path / "data", rate_bounds=(0.05, 0.45))
+    games = {Path(r["task"]) for r in rows}
+    assert games and all(g.is_relative_to(data_dir / "train") for g in games)  # no valid_* game
+    assert all(r["taken_action"].startswith("go to ") for r in rows if r["perturbed"])

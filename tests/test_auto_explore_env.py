@@ -444,6 +444,7 @@ def test_tasks_model_rejects_mismatched_depth() -> None:
 def test_over_long_prompts_trim_history_and_output_never_the_listing(
     tmp_path: Path, repo: Path, tokenizer: Any
 ) -> None:
+    from reflectrl import prompts
     from reflectrl.config import load_config
     from reflectrl.models.tokens import count_tokens
     from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
@@ -473,7 +474,8 @@ def test_over_long_prompts_trim_history_and_output_never_the_listing(
         vec.step(np.array([vec._orders[0].index(env.actions.index(command))]))
     full = env._observation()
     prompt = vec.last_prompts[0]
-    assert count_tokens(tokenizer, vec._policy(0, full, None).text) > budget  # needed trimming
+    full_prompt = prompts.no_reflection_prompt(full, vec.labels, vec._orders[0])
+    assert count_tokens(tokenizer, full_prompt) > budget  # needed trimming
     assert vec.counters["truncated_prompts"] == 0  # ... and the env's own trimming sufficed
     assert count_tokens(tokenizer, prompt) <= budget
     listing = full.observation.split("Commands so far")[0]
@@ -489,3 +491,33 @@ def test_over_long_prompts_trim_history_and_output_never_the_listing(
         shortest = shorter
     assert shortest is not None and listing in shortest.observation
     assert "Commands so far: ... (" in shortest.observation  # history gone, state kept
+
+
+def test_sft_data_on_autoexplore(tmp_path: Path, repo: Path) -> None:
+    from reflectrl.config import load_config
+    from reflectrl.data.dataset import write_dataset
+    from reflectrl.envs.auto_explore.tasks import load_tasks
+    from tests.helpers import check_dataset
+
+    for i in range(6):  # more files, so the split has train and test tasks in each folder
+        (repo / "pkg" / f"extra_{i}.py").write_text(f"class Extra{i}:\n    pass\n")
+    path = tasks_file(tmp_path, [str(repo)], settings=GenerationSettings(max_actions=20))
+    config = load_config(
+        None,
+        [
+            "env.name=auto_explore",
+            f"env.options.tasks={path}",
+            "env.options.max_actions=20",
+            "env.max_prompt_tokens=1024",
+            "policy.model=tiny",
+            "reflection.model=tiny",
+            "data.negative_rate=0.4",
+        ],
+    )
+    write_dataset(config, tmp_path / "data", episodes=24, seed=0, progress=False)
+    rows = check_dataset(config, tmp_path / "data", rate_bounds=(0.15, 0.5))
+    tasks = load_tasks(path)
+    test_targets = {t.target for t in tasks if t.split == "test"}
+    assert test_targets and not {r["task"] for r in rows} & test_targets  # held out by file
+    mistakes = {r["taken_action"].split()[0] for r in rows if r["perturbed"]}
+    assert mistakes <= {"cat", "cd"}  # a wrong file or folder, never a wrong `id`

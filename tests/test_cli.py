@@ -117,7 +117,16 @@ def test_reflection_server_that_fails_to_start_shows_its_log(
         str(tmp_path / "run"),
         "--set",
         f"reflection.model={broken}",
+        "--set",
+        "sft.enabled=false",  # straight to RL, whose first act is to start the server
         timeout=600,
     )
     assert_usage_error(result, "reflection")
     assert (tmp_path / "run" / "reflection_server.log").is_file()
+    # With SFT on, the same model fails in the SFT stage's Ray task: still one line.
+    result = reflectrl(
+        "launch", "--config", SMOKE, "--output", str(tmp_path / "run2"),
+        "--set", f"reflection.model={broken}", timeout=600,
+    )  # fmt: skip
+    assert_usage_error(result, f"cannot load model from {broken}")
+    assert (tmp_path / "run2" / "stages" / "data.json").is_file()  # the data stage is kept

@@ -35,10 +35,14 @@ pytestmark = pytest.mark.integration
 
 
 def reflectrl(*args: str) -> subprocess.CompletedProcess[str]:
+    return reflectrl_cli("launch", *args)
+
+
+def reflectrl_cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)
     return subprocess.run(
-        [sys.executable, "-m", "reflectrl.cli", "launch", *args],
+        [sys.executable, "-m", "reflectrl.cli", *args],
         capture_output=True,
         text=True,
         timeout=1200,
@@ -51,13 +55,31 @@ def read_rows(run: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_cli_smoke_run_writes_the_run_directory_and_resumes(tmp_path: Path) -> None:
+def test_cli_smoke_pipeline_runs_every_stage_and_resumes(tmp_path: Path) -> None:
+    """data -> sft -> rl (from the SFT adapters, reflections from the served SFT adapter) ->
+    eval, in one run directory; --resume of the finished run does nothing and says so; `eval
+    --run` evaluates the finished run. (Resuming RL itself: test_resume_restores_...; which
+    stages a resume runs: test_pipeline.py.)"""
     run = tmp_path / "run"
     result = reflectrl(
-        "--workers", "2", "--config", str(SMOKE), "--iterations", "2", "--output", str(run)
-    )
+        "--workers", "2", "--config", str(SMOKE), "--iterations", "2", "--output", str(run),
+        "--set", "eval.every=2",
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Ray dashboard: http://127.0.0.1:" in result.stdout
+    for number, stage in enumerate(["data", "sft", "rl", "eval"], 1):
+        assert f"[stage {number}/4: {stage}] started" in result.stdout
+        assert json.loads((run / "stages" / f"{stage}.json").read_text())["stage"] == stage
+    assert (run / "data" / "data.jsonl").is_file() and (run / "data" / "stats.json").is_file()
+    for player in ("reflection", "policy"):
+        assert (run / "sft" / player / "adapter_config.json").is_file()
+        assert f"sft: {player}: 10 steps" in result.stdout
+    # RL starts from the SFT policy adapter and the server serves the SFT reflection adapter
+    # (the server is ready only once it lists the adapter's name).
+    assert f"(tiny + adapter {run / 'sft' / 'reflection'})" in result.stdout
+    report = json.loads((run / "eval_test.json").read_text())
+    assert report["greedy"]["all"]["episodes"] == 2 and report["split"] == "test"
+    assert "greedy    all" in result.stdout
     progress = [line for line in result.stdout.splitlines() if line.startswith("iter ")]
     assert len(progress) == 2 and "success" in progress[0] and "steps/s" in progress[0]
 
@@ -65,10 +87,15 @@ def test_cli_smoke_run_writes_the_run_directory_and_resumes(tmp_path: Path) -> N
     assert [r["iteration"] for r in rows] == [1, 2]
     assert all(set(r) >= ROW_KEYS for r in rows)
     assert rows[-1]["reflection_calls"] > 0
+    # Held-out evaluation every eval.every iterations, on the learner's current weights.
+    assert "eval_success_rate" not in rows[0]
+    assert 0 <= rows[1]["eval_success_rate"] <= 1 and rows[1]["eval_length_mean"] >= 1
+    assert "held-out success" in progress[1]
     assert rows[-1]["env_steps"] >= 2 * 64
     assert 0 < rows[-1]["weight_sync_bytes"] < 1_000_000  # LoRA only, not the whole LM
     assert rows[0]["stage"] == "pickup" and rows[1]["stage"] == "dropoff"  # smoke caps pickup at 1
-    assert load_config(run / "config.yaml") == load_config(SMOKE, ["run.iterations=2"])
+    overrides = ["run.iterations=2", "eval.every=2"]
+    assert load_config(run / "config.yaml") == load_config(SMOKE, overrides)
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     assert (run / "reflection_server.log").stat().st_size > 0
     checkpoint = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
@@ -84,12 +111,21 @@ def test_cli_smoke_run_writes_the_run_directory_and_resumes(tmp_path: Path) -> N
     optimizer = learner_state["optimizer"]["default_policy_default_optimizer"]["state"]
     assert optimizer["state"], "the checkpoint must hold the optimizer's moments"
 
-    # Resume continues the same run: iteration 3 appended, curriculum stage kept.
-    result = reflectrl("--workers", "2", "--resume", str(run), "--iterations", "3")
+    # A finished run: --resume does nothing, and says so.
+    evaluated_at = (run / "stages" / "eval.json").stat().st_mtime_ns
+    result = reflectrl("--workers", "2", "--resume", str(run))
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = read_rows(run)
-    assert [r["iteration"] for r in rows] == [1, 2, 3]
-    assert rows[2]["stage"] == "dropoff" and rows[2]["env_steps"] > rows[1]["env_steps"]
+    assert "finished earlier; nothing to do" in result.stdout
+    assert "Ray dashboard" not in result.stdout and len(read_rows(run)) == 2
+
+    # `reflectrl eval --run` evaluates the run's final policy with the run's config.
+    result = reflectrl_cli(
+        "eval", "--run", str(run), "--episodes", "1", "--out", str(tmp_path / "again.json")
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    again = json.loads((tmp_path / "again.json").read_text())
+    assert again["greedy"]["all"]["episodes"] == 1 and "greedy    all" in result.stdout
+    assert (run / "stages" / "eval.json").stat().st_mtime_ns == evaluated_at
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +247,8 @@ def test_resume_restores_optimizer_env_streams_and_metrics(
     iteration 1 with the optimizer's moments in the live learner, every worker's env random
     streams as checkpointed (no replay of iteration 1's start states), and metrics.jsonl cut
     back to iteration 1 (no duplicate rows)."""
-    from reflectrl.launch import LaunchOptions, Run, resolve_run
+    from reflectrl.launch import Run
+    from reflectrl.pipeline import LaunchOptions, resolve_run
 
     run_dir = tmp_path / "run"
     config = smoke_without_reflection("run.checkpoint_every=1", "run.iterations=3")

@@ -29,6 +29,7 @@ SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
 OVERRIDES = [
     "reflection.enabled=false",
     "env.options.max_steps=6",
+    "env.options.split=all",
     "env.envs_per_worker=3",
     "ppo.rollout_fragment_length=12",
     "policy.lora.target_modules=[q_proj,k_proj,v_proj,o_proj]",

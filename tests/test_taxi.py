@@ -78,7 +78,7 @@ def test_pickup_and_full_start_with_passenger_waiting(stage: str) -> None:
 
 
 def test_full_stage_start_is_gymnasiums_start() -> None:
-    env, reference = make("full"), TaxiEnv()
+    env, reference = make("full", split="all"), TaxiEnv()
     for seed in range(30):
         env.reset(seed=seed)
         state, _ = reference.reset(seed=seed)
@@ -247,7 +247,7 @@ def test_fixed_start_seed() -> None:
         first = env.reset()[0]
         assert all(env.reset(seed=s)[0] == first for s in range(10))
         assert all(env.reset()[0] == first for _ in range(10))
-        assert first == make(stage).reset(seed=123)[0]
+        assert first == make(stage, split="all").reset(seed=123)[0]  # gymnasium's draw
 
 
 def test_set_stage_applies_from_next_reset() -> None:
@@ -340,3 +340,20 @@ def test_throughput_sanity() -> None:
     elapsed = time.perf_counter() - start
     print(f"dangerous_taxi: {steps / elapsed:.0f} random steps/s")
     assert episodes > 100  # random play hits a wall or an illegal action quickly
+
+
+def test_start_states_split_into_train_and_test() -> None:
+    from reflectrl.envs.taxi import start_states
+
+    train, test = start_states("train", 0.2, 0), start_states("test", 0.2, 0)
+    assert len(train) == 240 and len(test) == 60 and not set(train) & set(test)
+    assert set(train) | set(test) == set(start_states("all", 0.2, 0))
+    assert start_states("test", 0.2, 1) != test  # seeded by split_seed
+    seen = {"train": set(), "test": set()}
+    for split, starts in seen.items():
+        env = make("full", split=split)
+        for seed in range(1500):
+            env.reset(seed=seed)
+            starts.add(int(env.taxi.s))
+    assert seen["train"] <= set(train) and seen["test"] <= set(test)
+    assert len(seen["train"]) > 230 and len(seen["test"]) > 55  # the whole split is drawn

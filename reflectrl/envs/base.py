@@ -54,6 +54,8 @@ class TextEnv(gym.Env, ABC):
     """
 
     stages: ClassVar[tuple[str, ...]] = ("default",)
+    # The value of the env's `split` option that evaluation holds out (never in SFT data or RL).
+    held_out_split: ClassVar[str] = "test"
     max_actions: int  # the largest menu this env can show (K of the policy's action space)
 
     def __init__(self) -> None:
@@ -69,6 +71,12 @@ class TextEnv(gym.Env, ABC):
     def episode_stage(self) -> str:
         """The stage of the running (or last) episode; `set_stage` applies from the next reset."""
         return self._episode_stage
+
+    @property
+    def episode_kind(self) -> str:
+        """The kind of task the running episode plays, for per-kind results (ALFWorld: its task
+        type); "" where an env has one kind."""
+        return ""
 
     def set_stage(self, stage: str) -> None:
         """Switch the curriculum stage; takes effect at the next reset."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
 
@@ -50,6 +50,12 @@ def validate_env_options(name: str, options: dict[str, Any] | BaseModel) -> Base
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise ConfigError(f"env.options.{where}: {first['msg']}") from None
+
+
+def env_splits(name: str) -> tuple[str, ...]:
+    """The values the env's `split` option takes (read from its options model)."""
+    field = get_env_spec(name).options_model.model_fields.get("split")
+    return tuple(get_args(field.annotation)) if field is not None else ()
 
 
 def make_text_env(name: str, options: dict[str, Any] | BaseModel | None = None) -> TextEnv:

@@ -4,6 +4,13 @@ Curriculum stages: `pickup` (done once the passenger is aboard), `dropoff` (star
 passenger aboard) and `full` (the ordinary game). `expert_action` is a shortest-path expert
 for tests and SFT data.
 
+Splits: the 300 start states (taxi cell, passenger spot, destination; passenger not at the
+destination) are split once, seeded by `split_seed`, into `train` (1 - `test_fraction`) and
+`test`; an env draws its starts from its `split` only (`all`: gymnasium's own draw). SFT data
+and RL use `train`, held-out evaluation `test`. The state space is tiny: expert routes from
+train starts pass through most states test episodes visit (METHOD.md), so `test` measures
+unseen starts, not unseen states.
+
 Ends: a dangerous no-op, the pick-up (stage `pickup`) and the delivery are `terminated`. The
 step limit (`max_steps`) is `truncated`: the observation does not show the steps taken, so the
 limit is outside the state the agent sees and GAE bootstraps from the last state's value.
@@ -13,8 +20,9 @@ from __future__ import annotations
 
 import operator
 from collections import deque
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
+import numpy as np
 from gymnasium import spaces
 from gymnasium.envs.toy_text.taxi import MAP, TaxiEnv
 from pydantic import BaseModel, ConfigDict, Field
@@ -55,6 +63,9 @@ class TaxiOptions(BaseModel):
     pickup_bonus: float = 20.0
     # Every reset uses this seed: one fixed start state, for small deterministic learning tests.
     fixed_start_seed: int | None = Field(default=None, ge=0)
+    split: Literal["train", "test", "all"] = "train"
+    test_fraction: float = Field(default=0.2, gt=0, lt=1)
+    split_seed: int = 0
 
 
 class DangerousTaxiEnv(TextEnv):
@@ -82,6 +93,11 @@ class DangerousTaxiEnv(TextEnv):
             seed = self.options.fixed_start_seed
         super().reset(seed=seed)
         self.taxi.reset(seed=seed)
+        if self.options.fixed_start_seed is None and self.options.split != "all":
+            starts = start_states(
+                self.options.split, self.options.test_fraction, self.options.split_seed
+            )
+            self.taxi.s = starts[int(self.taxi.np_random.integers(len(starts)))]
         self._begin_episode()
         if self._episode_stage == "dropoff":
             self._board_passenger()
@@ -149,6 +165,22 @@ class DangerousTaxiEnv(TextEnv):
     def _info(self, *, success: bool, danger: bool) -> dict[str, Any]:
         extra = {"stage": self._episode_stage, "danger": danger}
         return StepInfo(success=success, valid_actions=ACTIONS, extra=extra).as_dict()
+
+
+def start_states(split: str, test_fraction: float, seed: int) -> tuple[int, ...]:
+    """The encoded start states of a split (`train`, `test` or `all`), in a fixed order."""
+    key = (split, test_fraction, seed)
+    if key not in _SPLITS:
+        every = [int(s) for s in np.flatnonzero(TaxiEnv().initial_state_distrib)]
+        order = np.random.default_rng(seed).permutation(len(every))
+        n_test = round(len(every) * test_fraction)
+        test = sorted(every[i] for i in order[:n_test])
+        train = sorted(every[i] for i in order[n_test:])
+        _SPLITS[key] = tuple({"train": train, "test": test, "all": every}[split])
+    return _SPLITS[key]
+
+
+_SPLITS: dict[tuple[str, float, int], tuple[int, ...]] = {}
 
 
 def render_text(
@@ -222,6 +254,12 @@ def _distances(taxi: TaxiEnv, goal: str) -> dict[int, int]:
                 queue.append(prev)
     _DISTANCES[goal] = dist
     return dist
+
+
+def actions_to_success(env: DangerousTaxiEnv, state: int | None = None) -> int:
+    """Fewest actions from `state` (default: the current one) to success in the episode's stage."""
+    dist = _distances(env.taxi, _goal_kind(env.episode_stage))
+    return dist.get(int(env.taxi.s if state is None else state), 10**6)
 
 
 def expert_action(env: DangerousTaxiEnv) -> int:

@@ -32,7 +32,8 @@ POLICY_PREFIX = "policy."
 
 class ReflectRLModule(TorchRLModule, ValueFunctionAPI):
     """model_config keys: model_dir, label_token_ids, lora_r, lora_alpha, lora_target_modules,
-    seed, micro_batch_size, trim_padding, values_from_rollouts, gradient_checkpointing."""
+    seed, micro_batch_size, trim_padding, values_from_rollouts, gradient_checkpointing,
+    init_adapter."""
 
     def setup(self) -> None:
         cfg = self.model_config
@@ -46,6 +47,8 @@ class ReflectRLModule(TorchRLModule, ValueFunctionAPI):
             gradient_checkpointing=cfg.get("gradient_checkpointing", False),
             trim_padding=cfg.get("trim_padding", True),
         )
+        if cfg.get("init_adapter"):  # then a checkpoint, if any, overrides it on restore
+            self.policy.load_sft_adapter(cfg["init_adapter"])
         self.micro_batch_size = int(cfg["micro_batch_size"])
         self.values_from_rollouts = bool(cfg.get("values_from_rollouts", True))
         # Off only to measure what skipping the episodes' last observations saves.

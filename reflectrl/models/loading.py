@@ -73,14 +73,21 @@ def load_causal_lm(model_dir: Path, dtype: torch.dtype = torch.float32) -> torch
     Dropout must be off even when RLlib later calls `train()` for the PPO update: the
     rollout and the update must see the same distribution, or the PPO ratios are biased.
     """
+    from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
     try:
         config = AutoConfig.from_pretrained(str(model_dir))
         zero_dropout_config(config)
+        # No "Loading weights" bar: every worker loads the model, and a CLI error after a load
+        # must stay one line.
+        hf_logging.disable_progress_bar()
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), config=config, dtype=dtype)
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, SafetensorError) as exc:
         raise ModelLoadError(_one_line(f"cannot load model from {model_dir}: {exc}")) from exc
+    finally:
+        hf_logging.enable_progress_bar()
     # Some architectures hard-code a rate in a module instead of reading the config.
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):

@@ -155,6 +155,27 @@ class OptionPolicy(nn.Module):
         self.lm.save_pretrained(str(directory))
         torch.save(self.value_head.state_dict(), Path(directory) / "value_head.pt")
 
+    def load_sft_adapter(self, directory: str | Path, key: str = "policy.init_adapter") -> None:
+        """Start from a LoRA adapter of `reflectrl sft` (the value head stays at zero).
+
+        It must be the LoRA this policy has (rank, alpha, modules, shapes): PPO goes on
+        training it, and an alpha that differs would silently rescale what SFT learned."""
+        from peft import get_peft_model_state_dict
+
+        from reflectrl.models.adapters import (
+            adapter_weights,
+            check_lora_settings,
+            check_lora_shapes,
+            read_adapter_config,
+        )
+
+        found = read_adapter_config(directory, key)
+        own = self.lm.peft_config["default"]
+        hint = check_lora_settings(found, own.r, own.lora_alpha, own.target_modules, key, directory)
+        weights = adapter_weights(directory, key)
+        check_lora_shapes(weights, get_peft_model_state_dict(self.lm), key, hint)
+        set_peft_model_state_dict(self.lm, weights)
+
     def load_adapter(self, directory: Path) -> None:
         from peft.utils import load_peft_weights
 

@@ -12,6 +12,7 @@ import ray
 
 from reflectrl.config import ReflectionConfig
 from reflectrl.errors import ReflectRLError
+from reflectrl.models.adapters import read_adapter_config, vllm_max_lora_rank
 from reflectrl.models.loading import resolve_model
 from reflectrl.reflection.server import VLLMServer
 
@@ -25,6 +26,11 @@ class ReflectionServerActor:
     def start(self) -> str:
         """Start vLLM and wait until it answers; returns the OpenAI base URL."""
         c = self.config
+        lora_modules, max_rank = {}, 16
+        if c.adapter:
+            lora_modules = {c.request_model: c.adapter}
+            rank = read_adapter_config(c.adapter, "reflection.adapter")["r"]
+            max_rank = vllm_max_lora_rank(rank)
         self.server = VLLMServer(
             model_dir=resolve_model(c.model),
             served_model_name=c.served_model_name,
@@ -33,6 +39,8 @@ class ReflectionServerActor:
             port=c.port,
             max_model_len=c.max_model_len,
             device=c.device,
+            lora_modules=lora_modules,
+            max_lora_rank=max_rank,
         )
         self.server.start()
         self.server.wait_ready(timeout_s=c.startup_timeout_s)

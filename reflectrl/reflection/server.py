@@ -90,6 +90,8 @@ class VLLMServer:
         max_model_len: int = 2048,
         device: Device = "cpu",
         extra_args: Sequence[str] = (),
+        lora_modules: Mapping[str, str | Path] | None = None,
+        max_lora_rank: int = 16,
         env: Mapping[str, str] | None = None,
         python: str = sys.executable,
         ready_timeout_s: float = 300.0,
@@ -104,6 +106,9 @@ class VLLMServer:
         self.max_model_len = max_model_len
         self.device = device
         self.extra_args = tuple(extra_args)
+        # LoRA adapters served next to the base model, each under its own name.
+        self.lora_modules = {name: str(path) for name, path in (lora_modules or {}).items()}
+        self.max_lora_rank = max_lora_rank
         self.extra_env = dict(env or {})
         self.python = python
         self.ready_timeout_s = ready_timeout_s  # used by `with VLLMServer(...)`
@@ -136,6 +141,9 @@ class VLLMServer:
         ]
         if self.device == "cpu":
             args += CPU_ARGS
+        if self.lora_modules:
+            args += ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank), "--lora-modules"]
+            args += [f"{name}={path}" for name, path in self.lora_modules.items()]
         return args + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:
@@ -211,7 +219,7 @@ class VLLMServer:
             served = {entry.get("id") for entry in models.json().get("data", [])}
         except (httpx.HTTPError, ValueError):
             return False
-        return self.served_model_name in served
+        return {self.served_model_name, *self.lora_modules} <= served
 
     def log_summary(self) -> str:
         try:

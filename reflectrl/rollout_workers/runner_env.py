@@ -37,7 +37,7 @@ def make_reflection_client(
     r = config.reflection
     return ReflectionClient(
         base_url=url,
-        model=r.served_model_name,
+        model=r.request_model,
         max_tokens=r.max_tokens,
         temperature=r.temperature,
         timeout_s=r.timeout_s,

@@ -13,11 +13,9 @@ Autoreset follows gymnasium's NEXT_STEP mode, which RLlib's EnvRunner expects: t
 an episode ends resets that env and ignores its action. So the action RLlib computes for an
 episode's last observation is thrown away: `live` = 0 tells the policy not to run the LM there.
 
-Prompts fit their budgets (`env.max_prompt_tokens` for the policy, the server's
-`reflection.max_model_len` minus `reflection.max_tokens` for the reflection): the env shortens
-its own history first (`TextEnv.shorter_observation`), never the current state; only if that
-is not enough is the end of the observation cut (counted: `truncated_prompts`,
-`clipped_reflection_prompts`).
+Prompts are rendered and fitted to their budgets by `reflectrl.rendering.PromptRenderer` (the
+SFT data writer uses the same one); cut prompts are counted: `truncated_prompts`,
+`clipped_reflection_prompts`.
 """
 
 from __future__ import annotations
@@ -31,16 +29,12 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from reflectrl import prompts
 from reflectrl.config import ReflectRLConfig
 from reflectrl.envs.base import TextEnv, TextObservation
 from reflectrl.envs.registry import make_text_env
 from reflectrl.metrics import WORKER_COUNTERS as COUNTERS
-from reflectrl.models.tokens import count_tokens, fit_tokens, label_token_ids, pad_tokens
-
-# Tokens kept free of the reflection budget: the server may add special tokens and tokenize a
-# clipped text a little differently from us.
-REFLECTION_MARGIN = 8
+from reflectrl.models.tokens import pad_tokens
+from reflectrl.rendering import PromptRenderer
 
 
 @dataclass
@@ -51,6 +45,8 @@ class EpisodeRecord:
     success: bool
     episode_return: float
     length: int
+    env_index: int = 0  # which of the worker's envs played it
+    kind: str = ""  # the env's `episode_kind` (ALFWorld: the task type)
 
 
 class Reflector:
@@ -81,24 +77,14 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         self.report_error = report_error
         self.tokenizer = tokenizer
         self.reflector = reflector if config.reflection.enabled else None
-        # Counts the reflection model's tokens; the policy's tokenizer when none is given.
-        self.reflection_tokenizer = reflection_tokenizer or tokenizer
-        r = config.reflection
-        self.reflection_budget = r.max_model_len - r.max_tokens - REFLECTION_MARGIN
         self.num_envs = num_envs
         self.worker_index = worker_index
         self.envs: list[TextEnv] = [
             make_text_env(config.env.name, config.env.options) for _ in range(num_envs)
         ]
         self.max_actions = self.envs[0].max_actions
-        labels = config.policy.labels
-        if self.max_actions > len(labels):
-            raise ValueError(
-                f"env {config.env.name!r} shows up to {self.max_actions} actions but "
-                f"policy.labels has only {len(labels)}; add labels"
-            )
-        self.labels = labels[: self.max_actions]
-        self.label_ids = label_token_ids(tokenizer, self.labels, prompts.ACTION_MARKER)
+        self.renderer = PromptRenderer(config, tokenizer, self.max_actions, reflection_tokenizer)
+        self.labels, self.label_ids = self.renderer.labels, self.renderer.label_ids
         length = config.env.max_prompt_tokens
         vocab = len(tokenizer)
         self.single_observation_space = gym.spaces.Dict(
@@ -276,6 +262,8 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
                 success=bool(success),
                 episode_return=float(self._returns[i]),
                 length=int(self._lengths[i]),
+                env_index=i,
+                kind=self.envs[i].episode_kind,
             )
         )
 
@@ -293,13 +281,13 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         levels = [0] * self.num_envs
         if self.reflector is not None:
             wanted = [i for i, on in enumerate(reflect) if on]
-            for i in wanted:
-                text_obs[i], levels[i] = self._shorten(i, text_obs[i], 0, self._fits_before)
+            rendered = [self.renderer.reflection_prompt(self.envs[i], text_obs[i]) for i in wanted]
             if wanted:
-                texts = self.reflector.reflect([self._reflection_text(text_obs[i]) for i in wanted])
+                texts = self.reflector.reflect([r.text for r in rendered])
                 self.counters["reflection_calls"] += len(wanted)
-                for i, text in zip(wanted, texts, strict=True):
-                    reflections[i] = text
+                for i, prompt, text in zip(wanted, rendered, texts, strict=True):
+                    text_obs[i], levels[i], reflections[i] = prompt.observation, prompt.level, text
+                    self.counters["clipped_reflection_prompts"] += int(prompt.clipped)
         length = self.config.env.max_prompt_tokens
         batch = {
             "input_ids": np.zeros((self.num_envs, length), dtype=np.int64),
@@ -309,59 +297,16 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         }
         self.last_prompts = []
         for i in range(self.num_envs):
-            obs, level = text_obs[i], levels[i]
-            while True:  # one tokenization when the prompt fits (the usual case)
-                prompt = self._policy(i, obs, reflections[i])
-                ids, dropped = fit_tokens(self.tokenizer, prompt, length)
-                shorter = self.envs[i].shorter_observation(level + 1) if dropped else None
-                if shorter is None:
-                    break
-                obs, level = shorter, level + 1
-            self.counters["truncated_prompts"] += int(dropped > 0)
-            batch["input_ids"][i], batch["attention_mask"][i] = pad_tokens(
-                self.tokenizer, ids, length
+            prompt = self.renderer.policy_prompt(
+                self.envs[i], text_obs[i], reflections[i], self._orders[i], levels[i]
             )
-            batch["option_mask"][i, : len(obs.actions)] = 1.0
+            self.counters["truncated_prompts"] += int(prompt.truncated)
+            batch["input_ids"][i], batch["attention_mask"][i] = pad_tokens(
+                self.tokenizer, prompt.ids, length
+            )
+            batch["option_mask"][i, : len(text_obs[i].actions)] = 1.0
             self.last_prompts.append(prompt.text)
         return batch
-
-    def _policy(self, i: int, obs: TextObservation, reflection: str | None) -> prompts.Prompt:
-        if reflection is None:
-            return prompts.no_reflection_parts(obs, self.labels, self._orders[i])
-        return prompts.policy_parts(obs, reflection, self.labels, self._orders[i])
-
-    def _shorten(
-        self, i: int, obs: TextObservation, level: int, fits: Any
-    ) -> tuple[TextObservation, int]:
-        """The least-trimmed observation of env i (from `level` on) for which `fits` holds, or
-        the shortest the env can make."""
-        while not fits(obs):
-            shorter = self.envs[i].shorter_observation(level + 1)
-            if shorter is None:
-                break
-            obs, level = shorter, level + 1
-        return obs, level
-
-    def _fits_before(self, obs: TextObservation) -> bool:
-        """Before the reflection is known: the reflection prompt fits the server, and the policy
-        prompt leaves room for a reflection of `reflection.max_tokens` tokens."""
-        reflection_prompt = prompts.reflection_parts(obs).text
-        if count_tokens(self.reflection_tokenizer, reflection_prompt) > self.reflection_budget:
-            return False
-        room = self.config.env.max_prompt_tokens - self.config.reflection.max_tokens
-        order = list(range(len(obs.actions)))
-        policy = prompts.policy_parts(obs, "", self.labels, order).text
-        return count_tokens(self.tokenizer, policy) <= room
-
-    def _reflection_text(self, obs: TextObservation) -> str:
-        """The reflection prompt, its body's end cut if even the shortest observation is too
-        long for the server (an HTTP 400 there would crash the worker)."""
-        prompt = prompts.reflection_parts(obs)
-        ids, dropped = fit_tokens(self.reflection_tokenizer, prompt, self.reflection_budget)
-        if not dropped:
-            return prompt.text
-        self.counters["clipped_reflection_prompts"] += 1
-        return str(self.reflection_tokenizer.decode(ids))
 
 
 def hash_seed(*parts: int) -> int:

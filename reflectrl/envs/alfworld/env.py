@@ -87,6 +87,7 @@ class AlfWorldEnv(TextEnv):
     # The class-level default (curriculum `task_type`, all six types); each instance narrows it
     # to the stages its games can fill (the coordinator reads the instance's).
     stages: ClassVar[tuple[str, ...]] = (*TASK_TYPES, ALL)
+    held_out_split: ClassVar[str] = "valid_unseen"  # unseen floor plans
 
     def __init__(self, options: AlfWorldOptions | None = None) -> None:
         self.options = options or AlfWorldOptions()
@@ -142,6 +143,15 @@ class AlfWorldEnv(TextEnv):
         stages = {name: games for name, games in stages.items() if games}  # no empty stage
         stages[ALL] = self.games
         return stages
+
+    @property
+    def episode_kind(self) -> str:
+        return self.game.task_type if self.game is not None else ""
+
+    @property
+    def last_feedback(self) -> str:
+        """The engine's answer to the last command ("" before the first)."""
+        return self._history[-1][1] if self._history else ""
 
     def stage_games(self, stage: str | None = None) -> tuple[GameEntry, ...]:
         return self._stage_games[stage or self._stage]

@@ -1,0 +1,1 @@
+"""Held-out evaluation: play episodes greedy and sampled, report success with intervals."""

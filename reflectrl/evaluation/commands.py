@@ -1,0 +1,138 @@
+"""`reflectrl eval`: held-out success of a finished run or of an adapter, greedy and sampled."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from reflectrl.errors import ConfigError
+
+
+def add_commands(sub: Any) -> None:
+    ev = sub.add_parser(
+        "eval",
+        help="evaluate a finished run or an adapter on held-out data",
+        description="Play eval.episodes episodes per stage on the env's held-out split, with "
+        "greedy and with sampled decoding, through the same vector env and reflection server "
+        "as training, on Ray workers in parallel. Prints success rate (95%% Wilson interval), "
+        "mean return and mean length per stage / task kind, and writes them as JSON.",
+    )
+    source = ev.add_mutually_exclusive_group(required=True)
+    source.add_argument("--run", metavar="DIR", help="a finished run directory")
+    source.add_argument(
+        "--adapter", metavar="DIR", help="a policy adapter (of `reflectrl sft` or a checkpoint)"
+    )
+    ev.add_argument("--config", help="YAML config (default: the run's; with --adapter: defaults)")
+    ev.add_argument("--split", help="the env split to play (eval.split; default: held out)")
+    ev.add_argument("--episodes", type=int, help="per stage and decoding (eval.episodes)")
+    ev.add_argument("--seed", type=int, help="(eval.seed, else run.seed)")
+    ev.add_argument("--workers", type=int, default=2, help="eval workers (default 2)")
+    ev.add_argument("--out", metavar="FILE", help="JSON result (default: next to the policy)")
+    ev.add_argument("--address", help="join this Ray cluster (default: $RAY_ADDRESS or local)")
+    ev.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value (repeatable)",
+    )
+    ev.set_defaults(handler=run_eval)
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from reflectrl.config import load_config
+    from reflectrl.evaluation.report import format_table
+
+    if args.episodes is not None and args.episodes < 1:
+        raise ConfigError(f"--episodes {args.episodes}: need at least 1")
+    if args.workers < 1:
+        raise ConfigError(f"--workers {args.workers}: need at least 1")
+    overrides = list(args.overrides)
+    for key, value in (("split", args.split), ("episodes", args.episodes), ("seed", args.seed)):
+        if value is not None:
+            overrides.append(f"eval.{key}={value}")
+    if args.run:
+        from reflectrl.pipeline import run_policy
+
+        run_dir = Path(args.run)
+        if not (run_dir / "config.yaml").is_file():
+            raise ConfigError(f"--run {run_dir}: no config.yaml there; is it a run directory?")
+        config = load_config(args.config or run_dir / "config.yaml", overrides)
+        config, source = run_policy(run_dir, config)
+        home = run_dir
+    else:
+        config = load_config(args.config, overrides)
+        config, source = adapter_policy(config, Path(args.adapter))
+        home = Path(args.adapter)
+    import ray
+
+    from reflectrl.evaluation.runner import eval_config
+    from reflectrl.ray_cluster import init_ray
+
+    eval_config(config)  # a bad split or stage fails before Ray starts
+    init_ray(args.address, config, args.workers)
+    try:
+        report = evaluate_with(config, source, args.workers, home)
+    finally:
+        ray.shutdown()
+    print(format_table(report))
+    out = Path(args.out) if args.out else home / f"eval_{report['split']}.json"
+    write_json(out, report)
+    print(f"wrote {out}")
+    return 0
+
+
+def adapter_policy(config: Any, adapter: Path) -> tuple[Any, Any]:
+    """(config, PolicySource) for `--adapter`: an SFT adapter (no value head; checked as RL
+    would check `policy.init_adapter`) or a checkpoint's adapter."""
+    from reflectrl.evaluation.runner import PolicySource
+    from reflectrl.models.adapters import read_adapter_config
+    from reflectrl.preflight import preflight
+
+    read_adapter_config(adapter, "--adapter")
+    if (adapter / "value_head.pt").is_file():
+        preflight(config)
+        return config, PolicySource(checkpoint_adapter=adapter)
+    config = config.model_copy(deep=True)
+    config.policy.init_adapter = str(adapter)
+    preflight(config)
+    return config, PolicySource(sft_adapter=adapter)
+
+
+def evaluate_with(config: Any, source: Any, workers: int, home: Path) -> dict[str, Any]:
+    """On a running Ray: start the reflection server if the config serves one, evaluate, stop
+    it. Its log goes to `home/eval_reflection_server.log`."""
+    import ray
+
+    from reflectrl.evaluation.runner import Evaluator, eval_config
+    from reflectrl.reflection.actor import start_reflection_actor
+
+    eval_config(config)  # a bad split or stage fails before anything starts
+    actor, evaluator = None, None
+    try:
+        url = None
+        r = config.reflection
+        if r.enabled:
+            if r.server == "local":
+                actor, url = start_reflection_actor(r, home / "eval_reflection_server.log")
+            else:
+                url = r.url
+        evaluator = Evaluator(config, url, workers)
+        return evaluator.run(source, progress=True)
+    finally:
+        if evaluator is not None:
+            evaluator.close()
+        if actor is not None:
+            ray.get(actor.stop.remote(), timeout=60)
+            ray.kill(actor)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)

@@ -1,0 +1,76 @@
+"""Episode records -> success rate with a 95% interval, mean return and length, per group."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any
+
+Z95 = 1.959964  # two-sided 95% quantile of the normal distribution
+
+
+def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """95% Wilson score interval of a success rate: unlike the normal approximation it stays
+    inside [0, 1] and is not zero-width at 0/n or n/n."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    denominator = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denominator
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Success rate, its interval, mean return and mean length of `records`."""
+    n = len(records)
+    wins = sum(bool(r["success"]) for r in records)
+    low, high = wilson_interval(wins, n)
+    return {
+        "episodes": n,
+        "success_rate": wins / n if n else 0.0,
+        "success_ci95": [low, high],
+        "return_mean": sum(r["episode_return"] for r in records) / n if n else 0.0,
+        "length_mean": sum(r["length"] for r in records) / n if n else 0.0,
+    }
+
+
+def grouped(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """`summarize` over all records, per stage, and per task kind where the env has kinds."""
+    by_stage: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        by_stage[record["stage"]].append(record)
+        if record.get("kind"):
+            by_kind[record["kind"]].append(record)
+    report = {
+        "all": summarize(records),
+        "stages": {stage: summarize(rows) for stage, rows in by_stage.items()},
+    }
+    if by_kind:
+        report["kinds"] = {kind: summarize(rows) for kind, rows in sorted(by_kind.items())}
+    return report
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The report as an aligned text table: one row per decoding x group."""
+    lines = [
+        f"{'decoding':<9} {'group':<22} {'episodes':>8} {'success':>8} {'95% CI':>13} "
+        f"{'return':>7} {'length':>7}"
+    ]
+    for decoding in ("greedy", "sampled"):
+        if decoding not in report:
+            continue
+        part = report[decoding]
+        groups = [("all", part["all"])]
+        if len(part["stages"]) > 1:
+            groups += [(f"stage {k}", v) for k, v in part["stages"].items()]
+        groups += [(f"kind {k}", v) for k, v in part.get("kinds", {}).items()]
+        for name, s in groups:
+            low, high = s["success_ci95"]
+            interval = f"[{low:.2f}, {high:.2f}]"
+            lines.append(
+                f"{decoding:<9} {name:<22} {s['episodes']:>8} {s['success_rate']:>8.3f} "
+                f"{interval:>13} {s['return_mean']:>7.2f} {s['length_mean']:>7.1f}"
+            )
+    return "\n".join(lines)

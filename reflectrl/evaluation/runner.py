@@ -1,0 +1,137 @@
+"""Held-out evaluation on Ray: one actor per worker plays its share of each (stage, decoding).
+
+The actors build the same vector env as the rollout workers (prompts, reflections through the
+same server) on the held-out split, and a policy loaded from a checkpoint adapter, an SFT
+adapter, or the learner's live weights. They take no CPU from Ray's accounting: during RL
+they run while the rollout workers wait.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from reflectrl.config import ReflectRLConfig
+from reflectrl.envs.registry import env_splits, make_text_env
+from reflectrl.errors import ConfigError
+from reflectrl.evaluation.episodes import play, slot_quotas
+from reflectrl.evaluation.report import grouped
+
+DECODINGS = ("greedy", "sampled")
+
+
+def eval_config(config: ReflectRLConfig) -> tuple[ReflectRLConfig, list[str]]:
+    """(the config the eval envs run with: held-out split, eval seed; the stages to play)."""
+    env = make_text_env(config.env.name, config.env.options)
+    split = config.eval.split or env.held_out_split
+    splits = env_splits(config.env.name)
+    if split not in splits:
+        raise ConfigError(
+            f"eval split {split!r}: env {config.env.name} has splits {', '.join(splits)}"
+        )
+    stages = config.eval.stages or [s.name for s in config.curriculum.stages] or list(env.stages)
+    unknown = [s for s in stages if s not in env.stages]
+    if unknown:
+        raise ConfigError(f"eval.stages: {unknown[0]!r} is not a stage of {config.env.name}")
+    tree = config.model_dump(mode="json")
+    tree["env"]["options"]["split"] = split
+    tree["run"]["seed"] = config.run.seed if config.eval.seed is None else config.eval.seed
+    return ReflectRLConfig.model_validate(tree), stages
+
+
+class EvalWorker:
+    def __init__(self, config: dict[str, Any], reflection_url: str | None, index: int) -> None:
+        from reflectrl.models.loading import resolve_model
+        from reflectrl.models.policy import OptionPolicy
+        from reflectrl.rollout_workers.runner_env import make_vector_env
+
+        parsed = ReflectRLConfig.model_validate(config)
+        ctx = {
+            "reflectrl": config,
+            "reflection_url": reflection_url,
+            "num_envs": parsed.env.envs_per_worker,
+        }
+        self.env = make_vector_env(ctx)
+        self.env.set_worker_index(index)
+        lora = parsed.policy.lora
+        self.policy = OptionPolicy(
+            resolve_model(parsed.policy.model),
+            self.env.label_ids,
+            lora_r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_target_modules=lora.target_modules,
+            seed=parsed.run.seed,
+        )
+        self.seed = parsed.run.seed * 1000 + index
+
+    def load(self, source: PolicySource) -> None:
+        source.load_into(self.policy)
+
+    def play(self, stage: str, episodes: int, greedy: bool) -> list[dict[str, Any]]:
+        self.env.set_stage(stage)
+        self.seed += 1
+        return play(self.policy, self.env, episodes, greedy, seed=self.seed)
+
+
+class PolicySource:
+    """Where the evaluated weights come from: exactly one of the three."""
+
+    def __init__(
+        self,
+        checkpoint_adapter: Path | None = None,
+        sft_adapter: Path | None = None,
+        state: dict[str, Any] | None = None,
+    ) -> None:
+        self.checkpoint_adapter = checkpoint_adapter
+        self.sft_adapter = sft_adapter
+        self.state = state
+
+    def load_into(self, policy: Any) -> None:
+        if self.checkpoint_adapter is not None:
+            policy.load_adapter(self.checkpoint_adapter)
+        elif self.sft_adapter is not None:
+            policy.load_sft_adapter(self.sft_adapter, key="--adapter")
+        elif self.state is not None:
+            policy.load_trainable_state(self.state)
+
+
+class Evaluator:
+    """`workers` eval actors, reused across evaluations (they hold a copy of the policy LM)."""
+
+    def __init__(self, config: ReflectRLConfig, reflection_url: str | None, workers: int) -> None:
+        self.config, self.stages = eval_config(config)
+        remote = ray.remote(num_cpus=0)(EvalWorker)
+        tree = self.config.model_dump(mode="json")
+        self.actors = [remote.remote(tree, reflection_url, i + 1) for i in range(workers)]
+
+    def run(self, source: PolicySource, progress: bool = False) -> dict[str, Any]:
+        """{"greedy": report, "sampled": report, "split": ..., "episodes_per_stage": ...}."""
+        ray.get([a.load.remote(source) for a in self.actors])
+        episodes = self.config.eval.episodes
+        report: dict[str, Any] = {
+            "split": self.config.env.options["split"],
+            "episodes_per_stage": episodes,
+            "seed": self.config.run.seed,
+        }
+        for decoding in DECODINGS:
+            records: list[dict[str, Any]] = []
+            for stage in self.stages:
+                shares = slot_quotas(episodes, len(self.actors))
+                calls = [
+                    actor.play.remote(stage, share, decoding == "greedy")
+                    for actor, share in zip(self.actors, shares, strict=True)
+                    if share
+                ]
+                records += [r for part in ray.get(calls) for r in part]
+                if progress:
+                    print(f"eval: {decoding} {stage}: {len(records)} episodes", file=sys.stderr)
+            report[decoding] = grouped(records)
+        return report
+
+    def close(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors = []

@@ -1,0 +1,267 @@
+"""`reflectrl launch`: the method as stages in one run directory.
+
+    data -> sft (reflection, then policy) -> rl -> eval
+
+Each stage writes its outputs under the run directory and then `stages/<stage>.json` (what it
+did, how long it took); `--resume` skips the stages that have it and continues the one that
+does not (RL from its latest checkpoint). `sft.enabled: false` is RL from scratch (no data,
+no SFT), `rl.enabled: false` the SFT-only ablation, `eval.enabled: false` skips the final eval.
+
+Layout: config.yaml (the user's config), data/, sft/{reflection,policy}/, the RL run
+(metrics.jsonl, checkpoints/, tensorboard/), eval_<split>.json, stages/.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from reflectrl.checkpoints import latest_checkpoint
+from reflectrl.config import ReflectRLConfig, dump_config, load_config
+from reflectrl.errors import ConfigError, ReflectRLError
+from reflectrl.preflight import check_run, preflight
+from reflectrl.ray_cluster import init_ray
+
+STAGES_DIR = "stages"
+RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", STAGES_DIR)
+
+
+@dataclass
+class LaunchOptions:
+    workers: int
+    config_path: str | None = None
+    output: str | None = None
+    iterations: int | None = None
+    overrides: list[str] = field(default_factory=list)
+    address: str | None = None
+    resume: str | None = None
+
+
+def resolve_run(opts: LaunchOptions) -> tuple[ReflectRLConfig, Path, Path | None]:
+    """(config, run dir, checkpoint to resume RL from). Refuses to overwrite an earlier run."""
+    if opts.workers < 1:
+        raise ConfigError(f"--workers {opts.workers}: need at least 1 rollout worker")
+    overrides = list(opts.overrides)
+    if opts.iterations is not None:
+        overrides.append(f"run.iterations={opts.iterations}")
+    if opts.resume:
+        run_dir = Path(opts.resume)
+        if not (run_dir / "config.yaml").is_file():
+            raise ConfigError(f"--resume {run_dir}: no config.yaml there; is it a run directory?")
+        if opts.output and Path(opts.output).resolve() != run_dir.resolve():
+            raise ConfigError("--resume continues in its own directory; drop --output")
+        config = load_config(opts.config_path or run_dir / "config.yaml", overrides)
+        return config, run_dir, latest_checkpoint(run_dir)
+    config = load_config(opts.config_path, overrides)
+    run_dir = Path(opts.output or f"runs/{config.env.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if run_dir.exists() and any((run_dir / m).exists() for m in RUN_MARKERS):
+        raise ConfigError(
+            f"--output {run_dir} holds an earlier run; pass --resume {run_dir} to continue it "
+            "or choose another --output"
+        )
+    return config, run_dir, None
+
+
+def enabled_stages(config: ReflectRLConfig) -> list[str]:
+    stages = ["data", "sft"] if config.sft.enabled else []
+    stages += ["rl"] if config.rl.enabled else []
+    stages += ["eval"] if config.eval.enabled else []
+    if not stages:
+        raise ConfigError("sft.enabled, rl.enabled and eval.enabled are all false: nothing to run")
+    return stages
+
+
+def stage_done(run_dir: Path, stage: str) -> dict[str, Any] | None:
+    marker = run_dir / STAGES_DIR / f"{stage}.json"
+    return json.loads(marker.read_text()) if marker.is_file() else None
+
+
+def stages_to_run(config: ReflectRLConfig, run_dir: Path, stages: list[str]) -> list[str]:
+    """The stages without a marker, and every stage after the first of them (their inputs
+    change). RL is unfinished while it has fewer iterations than `run.iterations` (a resume
+    with a larger `--iterations` continues it)."""
+    for i, stage in enumerate(stages):
+        done = stage_done(run_dir, stage)
+        if done is None or (stage == "rl" and done["iterations"] < config.run.iterations):
+            return stages[i:]
+    return []
+
+
+def sft_players(config: ReflectRLConfig) -> list[str]:
+    """The players the sft stage trains: the reflection model only when RL serves it locally
+    (a `reflection.server: url` model is the user's to train and name)."""
+    r = config.reflection
+    return (["reflection"] if r.enabled and r.server == "local" else []) + ["policy"]
+
+
+def rl_config(config: ReflectRLConfig, run_dir: Path) -> ReflectRLConfig:
+    """The config RL and eval run with: the players start from this run's SFT outputs."""
+    if not config.sft.enabled:
+        return config
+    derived = config.model_copy(deep=True)
+    sft = run_dir / "sft"
+    serve_reflection = "reflection" in sft_players(config)
+    if config.sft.method == "lora":
+        derived.policy.init_adapter = str(sft / "policy")
+        if serve_reflection:
+            derived.reflection.adapter = str(sft / "reflection")
+    else:  # full: the SFT'd models are the base models (RL puts a fresh LoRA on the policy)
+        derived.policy.model = str(sft / "policy")
+        if serve_reflection:
+            derived.reflection.model = str(sft / "reflection")
+    return derived
+
+
+def run_policy(run_dir: Path, config: ReflectRLConfig) -> tuple[ReflectRLConfig, Any]:
+    """(the config to evaluate with, the PolicySource) of a run's final policy; a one-line
+    error when the run has none yet."""
+    from reflectrl.evaluation.runner import PolicySource
+
+    final = "rl" if config.rl.enabled else "sft" if config.sft.enabled else None
+    if final is None or stage_done(run_dir, final) is None:
+        raise ConfigError(
+            f"--run {run_dir}: no finished policy (stage {final or 'rl'} has not finished); "
+            f"finish it with `reflectrl launch --resume {run_dir}` or pass --adapter"
+        )
+    derived = rl_config(config, run_dir)
+    if final == "rl":
+        checkpoint = latest_checkpoint(run_dir)
+        assert checkpoint is not None  # the rl stage ends with a checkpoint
+        return derived, PolicySource(checkpoint_adapter=checkpoint / "adapter")
+    if config.sft.method == "lora":
+        return derived, PolicySource(sft_adapter=run_dir / "sft" / "policy")
+    return derived, PolicySource()  # full SFT: the model directory is the policy
+
+
+# -- the stages ------------------------------------------------------------------------------
+@dataclass
+class StageContext:
+    config: ReflectRLConfig
+    run_dir: Path
+    workers: int
+    resume_from: Path | None
+
+
+def data_stage(ctx: StageContext) -> dict[str, Any]:
+    from reflectrl.data.dataset import write_dataset
+
+    out = ctx.run_dir / "data"
+    shutil.rmtree(out, ignore_errors=True)  # unfinished (no marker): derived, so redo it
+    stats = write_dataset(ctx.config, out)
+    return {"steps": stats["steps"], "episodes": stats["episodes"]}
+
+
+def sft_stage(ctx: StageContext) -> dict[str, Any]:
+    """Each player as a Ray task with the learner's resources (a GPU node on a cluster)."""
+    from reflectrl.sft.trainer import finished, train_player
+
+    out = ctx.run_dir / "sft"
+    task = ray.remote(num_cpus=1, num_gpus=ctx.config.run.num_gpus_per_learner)(train_player)
+    results = {}
+    for player in sft_players(ctx.config):
+        result = finished(out, player)  # a player finished before a crash is kept
+        if result is None:
+            print(f"sft: training the {player} ...", flush=True)
+            result = ray_result(task.remote(ctx.config, ctx.run_dir / "data", player, out))
+        before, after = result["loss_before"], result["loss_after"]
+        print(
+            f"sft: {player}: {result['steps']} steps in {result['seconds']:.0f} s, completion "
+            f"loss {before['train']:.3f} -> {after['train']:.3f} (held-out "
+            f"{before.get('eval', float('nan')):.3f} -> {after.get('eval', float('nan')):.3f})",
+            flush=True,
+        )
+        results[player] = {k: result[k] for k in ("steps", "seconds", "loss_before", "loss_after")}
+    return results
+
+
+def ray_result(ref: Any) -> Any:
+    """`ray.get`, with our one-line errors raised as themselves, not wrapped by Ray."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as err:
+        if isinstance(err.cause, ReflectRLError):
+            raise err.cause from None
+        raise
+
+
+def rl_stage(ctx: StageContext) -> dict[str, Any]:
+    from reflectrl.launch import train
+
+    run = train(rl_config(ctx.config, ctx.run_dir), ctx.run_dir, ctx.workers, ctx.resume_from)
+    return {"iterations": run.iteration, "env_steps": run.env_steps}
+
+
+def eval_stage(ctx: StageContext) -> dict[str, Any]:
+    from reflectrl.evaluation.commands import evaluate_with, write_json
+    from reflectrl.evaluation.report import format_table
+
+    config, source = run_policy(ctx.run_dir, ctx.config)
+    report = evaluate_with(config, source, ctx.workers, ctx.run_dir)
+    print(format_table(report), flush=True)
+    out = ctx.run_dir / f"eval_{report['split']}.json"
+    write_json(out, report)
+    greedy, sampled = report["greedy"]["all"], report["sampled"]["all"]
+    return {
+        "file": out.name,
+        "success_rate_greedy": greedy["success_rate"],
+        "success_rate_sampled": sampled["success_rate"],
+    }
+
+
+STAGE_RUNNERS: dict[str, Callable[[StageContext], dict[str, Any]]] = {
+    "data": data_stage,
+    "sft": sft_stage,
+    "rl": rl_stage,
+    "eval": eval_stage,
+}
+
+
+def launch(opts: LaunchOptions) -> Path:
+    config, run_dir, resume_from = resolve_run(opts)
+    stages = enabled_stages(config)
+    todo = stages_to_run(config, run_dir, stages)
+    if not todo:
+        print(f"every stage of {run_dir} ({', '.join(stages)}) finished earlier; nothing to do")
+        return run_dir
+    # Bad input fails here, before Ray starts (the SFT adapters are checked when RL starts).
+    if "rl" in todo:
+        check_run(config, opts.workers)
+    else:
+        preflight(config)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not (run_dir / "config.yaml").exists():
+        (run_dir / "config.yaml").write_text(dump_config(config))
+    dashboard = init_ray(opts.address, config, opts.workers)
+    if dashboard:
+        print(f"Ray dashboard: {dashboard}", flush=True)
+    ctx = StageContext(config, run_dir, opts.workers, resume_from)
+    try:
+        for number, stage in enumerate(stages, 1):
+            header = f"[stage {number}/{len(stages)}: {stage}]"
+            if stage not in todo:
+                print(f"{header} finished earlier; skipped", flush=True)
+                continue
+            print(f"{header} started", flush=True)
+            started = time.perf_counter()
+            summary = STAGE_RUNNERS[stage](ctx)
+            seconds = time.perf_counter() - started
+            mark_done(run_dir, stage, {"seconds": round(seconds, 1), **summary})
+            print(f"{header} done in {seconds:.0f} s", flush=True)
+    finally:
+        ray.shutdown()
+    return run_dir
+
+
+def mark_done(run_dir: Path, stage: str, summary: dict[str, Any]) -> None:
+    folder = run_dir / STAGES_DIR
+    folder.mkdir(exist_ok=True)
+    tmp = folder / f".{stage}.json.tmp"
+    tmp.write_text(json.dumps({"stage": stage, **summary}, indent=2) + "\n")
+    tmp.replace(folder / f"{stage}.json")

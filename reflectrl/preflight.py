@@ -1,0 +1,66 @@
+"""Everything a run checks before Ray or vLLM start: bad input fails here in one line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from reflectrl import prompts
+from reflectrl.config import ReflectRLConfig
+from reflectrl.coordinator import Curriculum
+from reflectrl.envs.registry import make_text_env
+from reflectrl.errors import ConfigError
+from reflectrl.models.adapters import check_adapter_fits, check_lora_settings, read_adapter_config
+from reflectrl.models.loading import load_tokenizer, resolve_model
+from reflectrl.models.tokens import label_token_ids
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """What the learner and every worker agree on: the model and the label tokens."""
+
+    model_dir: Path
+    label_token_ids: list[int]
+
+
+def preflight(config: ReflectRLConfig) -> PolicySpec:
+    """Everything that can fail on bad input, checked before Ray or vLLM start."""
+    model_dir = resolve_model(config.policy.model)
+    tokenizer = load_tokenizer(model_dir)
+    env = make_text_env(config.env.name, config.env.options)
+    Curriculum(config.curriculum, env.stages)  # unknown stage names fail here
+    max_actions = env.max_actions
+    if max_actions > len(config.policy.labels):
+        raise ConfigError(
+            f"policy.labels has {len(config.policy.labels)} labels but env {config.env.name!r} "
+            f"shows up to {max_actions} actions; add labels"
+        )
+    labels = config.policy.labels[:max_actions]
+    label_ids = label_token_ids(tokenizer, labels, prompts.ACTION_MARKER)
+    if config.policy.init_adapter:
+        key, lora, adapter = "policy.init_adapter", config.policy.lora, config.policy.init_adapter
+        found = read_adapter_config(adapter, key)
+        check_lora_settings(found, lora.r, lora.alpha, lora.target_modules, key, adapter)
+        check_adapter_fits(adapter, model_dir, key)
+    r = config.reflection
+    if r.enabled and r.server == "local":
+        reflection_dir = resolve_model(r.model)
+        if r.adapter:
+            check_adapter_fits(r.adapter, reflection_dir, "reflection.adapter")
+    return PolicySpec(model_dir=model_dir, label_token_ids=label_ids)
+
+
+def check_run(config: ReflectRLConfig, workers: int) -> PolicySpec:
+    """`preflight` plus what RL needs: a batch shape that works, a reflection URL that answers."""
+    spec = preflight(config)
+    config.ppo.batch_size(workers, config.env.envs_per_worker)  # a bad shape fails here
+    r = config.reflection
+    if r.enabled and r.server == "url":
+        from reflectrl.rollout_workers.runner_env import make_reflection_client
+
+        if not make_reflection_client(config, str(r.url), 0).health():
+            raise ConfigError(
+                f"reflection.url {r.url} does not answer; start the server there or set "
+                "reflection.server=local"
+            )
+    return spec

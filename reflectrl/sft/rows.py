@@ -1,0 +1,92 @@
+"""SFT rows -> token ids with the loss on the completion only (no TRL, no torch).
+
+The ids are built here rather than by TRL's tokenizer so they are exactly what each player
+reads at run time: the policy's prompt is encoded as the vector env encodes it (no special
+tokens; at most `env.max_prompt_tokens`) and its completion is the one label token; the
+reflection prompt is encoded as the server receives it and its completion is the reflection.
+Both completions end with EOS (where generation stops).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from reflectrl.data.dataset import DATA_FILE, STATS_FILE
+from reflectrl.errors import ConfigError
+
+Player = Literal["reflection", "policy"]
+PLAYERS: tuple[Player, ...] = ("reflection", "policy")
+IGNORE = -100  # label of a token outside the loss (PyTorch's cross-entropy ignore_index)
+
+
+def target_of(player: Player, reflection_enabled: bool) -> str:
+    """The data set target a player learns: the policy reads a reflection only if RL gives it
+    one."""
+    if player == "reflection":
+        return "sft_reflection"
+    return "sft_policy" if reflection_enabled else "sft"
+
+
+def check_data_dir(data_dir: Path) -> None:
+    for name in (DATA_FILE, STATS_FILE):
+        if not (data_dir / name).is_file():
+            raise ConfigError(
+                f"--data {data_dir}: no {name}; write a data set there with "
+                f"`reflectrl data --out {data_dir}`"
+            )
+
+
+def load_rows(data_dir: Path, target: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train rows, eval rows) of `target` from `data_dir/data.jsonl`."""
+    check_data_dir(data_dir)
+    train: list[dict[str, Any]] = []
+    held: list[dict[str, Any]] = []
+    with (data_dir / DATA_FILE).open() as f:
+        for n, line in enumerate(f, 1):
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                raise ConfigError(f"{data_dir / DATA_FILE}: line {n} is not JSON") from None
+            if row.get("target") == target:
+                (held if row.get("split") == "eval" else train).append(row)
+    if not train:
+        raise ConfigError(f"{data_dir / DATA_FILE}: no training rows of target {target!r}")
+    return train, held
+
+
+@dataclass
+class Encoded:
+    examples: list[dict[str, list[int]]]  # {"input_ids", "labels"} per row
+    skipped: int  # rows whose prompt exceeds the player's budget
+
+
+def encode_rows(
+    rows: list[dict[str, Any]], tokenizer: Any, max_prompt_tokens: int, single_token: bool
+) -> Encoded:
+    """Prompt ids + completion ids + EOS; labels are IGNORE over the prompt.
+
+    `single_token`: the completion must be one token (a menu label), as the policy scores it.
+    """
+    if tokenizer.eos_token_id is None:
+        raise ConfigError("the tokenizer has no EOS token; SFT needs one to end completions")
+    examples: list[dict[str, list[int]]] = []
+    skipped = 0
+    for row in rows:
+        prompt = tokenizer.encode(row["prompt"], add_special_tokens=False)
+        completion = tokenizer.encode(row["completion"], add_special_tokens=False)
+        if single_token and len(completion) != 1:
+            raise ConfigError(
+                f"completion {row['completion']!r} is {len(completion)} tokens for this "
+                "tokenizer; policy labels must be single tokens (policy.labels)"
+            )
+        if len(prompt) > max_prompt_tokens:
+            skipped += 1
+            continue
+        completion = [*completion, int(tokenizer.eos_token_id)]
+        examples.append(
+            {"input_ids": prompt + completion, "labels": [IGNORE] * len(prompt) + completion}
+        )
+    return Encoded(examples, skipped)

@@ -1,0 +1,249 @@
+"""Train one player on its SFT rows with TRL's `SFTTrainer`: a peft LoRA adapter, or all
+weights (`sft.method: full`, for small models trained from scratch).
+
+Output, per player, `OUT/<player>/`:
+    lora  a peft adapter (adapter_config.json + adapter_model.safetensors): the policy loads it
+          with `policy.init_adapter`, the reflection server serves it with `reflection.adapter`
+    full  a model directory (weights, config, tokenizer) usable as `policy.model` /
+          `reflection.model`
+and `sft_result.json` (losses, steps, time), written last: a folder without it is unfinished.
+The folder is built under a temporary name and renamed when complete, so a crash never
+leaves a half-written adapter where a finished one is expected.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reflectrl.config import LoraSettings, ReflectRLConfig
+from reflectrl.errors import ConfigError
+from reflectrl.models.loading import load_causal_lm, load_tokenizer, resolve_model
+from reflectrl.sft.rows import IGNORE, Player, encode_rows, load_rows, target_of
+
+RESULT_FILE = "sft_result.json"
+# Rows of the training set whose loss is measured before and after (a fixed, seeded sample).
+TRAIN_LOSS_ROWS = 64
+
+
+def completion_loss(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    labels: torch.Tensor,
+    num_items: int | torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The causal-LM loss over the completion tokens (labels != IGNORE), multiplying the LM
+    head only at the positions that predict them.
+
+    Equal to the model's own loss with these labels, but a policy row has one label token in
+    ~200 and the head of a 49k vocabulary dominates a small model's cost: the full logits were
+    most of the work. `num_items`: the token count to average over (Trainer passes it so
+    gradient accumulation weighs tokens equally); by default this batch's.
+    """
+    from peft import PeftModel
+
+    causal = model.get_base_model() if isinstance(model, PeftModel) else model
+    trunk = causal.base_model  # the decoder stack; LoRA layers are injected into it in place
+    hidden = trunk(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    targets = labels[:, 1:]  # position t predicts token t + 1
+    keep = targets != IGNORE
+    logits = causal.get_output_embeddings()(hidden.last_hidden_state[:, :-1][keep])
+    total = torch.nn.functional.cross_entropy(logits.float(), targets[keep], reduction="sum")
+    return total / (keep.sum() if num_items is None else num_items)
+
+
+def finished(out: Path, player: Player) -> dict[str, Any] | None:
+    """The result of a finished SFT of `player` under `out`, or None."""
+    result = out / player / RESULT_FILE
+    return json.loads(result.read_text()) if result.is_file() else None
+
+
+def _trainer_class() -> type:
+    from trl import SFTTrainer
+
+    class CompletionLossTrainer(SFTTrainer):
+        """TRL's SFT loop with `completion_loss` (single device: the model is unwrapped)."""
+
+        def compute_loss(
+            self,
+            model: torch.nn.Module,
+            inputs: dict[str, torch.Tensor],
+            return_outputs: bool = False,
+            num_items_in_batch: int | torch.Tensor | None = None,
+        ) -> Any:
+            loss = completion_loss(
+                self.accelerator.unwrap_model(model),
+                inputs["input_ids"],
+                inputs["attention_mask"],
+                inputs["labels"],
+                num_items_in_batch,
+            )
+            return (loss, {"loss": loss}) if return_outputs else loss
+
+    return CompletionLossTrainer
+
+
+def player_model(config: ReflectRLConfig, player: Player) -> tuple[str, LoraSettings]:
+    if player == "policy":
+        return config.policy.model, config.policy.lora
+    return config.reflection.model, config.reflection.lora
+
+
+def build_model(model_dir: Path, method: str, lora: LoraSettings, seed: int) -> torch.nn.Module:
+    """The LM to train: a fresh LoRA over frozen weights, or every weight trainable."""
+    from peft import LoraConfig, get_peft_model
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = load_causal_lm(model_dir)
+        if method == "full":
+            return model
+        config = LoraConfig(
+            r=lora.r,
+            lora_alpha=lora.alpha,
+            target_modules=list(lora.target_modules),
+            lora_dropout=0.0,
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+        return get_peft_model(model, config)
+
+
+@dataclass
+class SFTJob:
+    """A ready TRL trainer for one player, and what its result record needs."""
+
+    trainer: Any
+    model: torch.nn.Module
+    tokenizer: Any
+    train_set: Any
+    eval_set: Any
+    target: str
+    model_dir: Path
+    skipped: int
+    seed: int
+
+
+def build_trainer(
+    config: ReflectRLConfig,
+    data_dir: Path,
+    player: Player,
+    workdir: Path,
+    progress: bool = True,
+    full_logits: bool = False,
+) -> SFTJob:
+    """The trainer for `player` on `data_dir` (TRL writes under `workdir`). `full_logits`:
+    TRL's own loss over the full-vocabulary logits (only to measure what ours saves)."""
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    settings = config.sft
+    seed = config.run.seed if settings.seed is None else settings.seed
+    spec, lora = player_model(config, player)
+    model_dir = resolve_model(spec)
+    tokenizer = load_tokenizer(model_dir)
+    target = target_of(player, config.reflection.enabled)
+    train_rows, eval_rows = load_rows(data_dir, target)
+    if player == "policy":
+        budget = config.env.max_prompt_tokens
+    else:
+        budget = config.reflection.max_model_len - config.reflection.max_tokens
+    single = player == "policy"
+    train = encode_rows(train_rows, tokenizer, budget, single)
+    held = encode_rows(eval_rows, tokenizer, budget, single)
+    if not train.examples:
+        raise ConfigError(f"every {target} row is longer than {budget} tokens; raise the budget")
+    model = build_model(model_dir, settings.method, lora, seed)
+    cuda = torch.cuda.is_available()
+    args = SFTConfig(
+        output_dir=str(workdir),
+        per_device_train_batch_size=settings.batch_size,
+        per_device_eval_batch_size=settings.batch_size,
+        learning_rate=settings.lr,
+        num_train_epochs=settings.epochs,
+        max_steps=settings.max_steps or -1,
+        lr_scheduler_type="cosine",
+        warmup_steps=settings.warmup_steps,
+        logging_steps=settings.logging_steps,
+        eval_strategy="steps" if held.examples else "no",
+        eval_steps=settings.eval_steps,
+        save_strategy="no",
+        report_to=[],
+        seed=seed,
+        data_seed=seed,
+        bf16=cuda and torch.cuda.is_bf16_supported(),
+        use_cpu=not cuda,
+        gradient_checkpointing=config.policy.gradient_checkpointing,
+        max_length=None,  # rows are already fitted to the player's budget
+        dataset_kwargs={"skip_prepare_dataset": True},
+        disable_tqdm=not progress,
+        prediction_loss_only=True,
+    )
+    train_set = Dataset.from_list(train.examples)
+    eval_set = Dataset.from_list(held.examples) if held.examples else None
+    trainer_class = SFTTrainer if full_logits else _trainer_class()
+    trainer = trainer_class(
+        model=model,
+        args=args,
+        train_dataset=train_set,
+        eval_dataset=eval_set,
+        processing_class=tokenizer,
+    )
+    skipped = train.skipped + held.skipped
+    return SFTJob(trainer, model, tokenizer, train_set, eval_set, target, model_dir, skipped, seed)
+
+
+def train_player(
+    config: ReflectRLConfig, data_dir: Path, player: Player, out: Path, progress: bool = True
+) -> dict[str, Any]:
+    """SFT of `player` on `data_dir`, saved to `out/<player>`; returns the result record."""
+    final = out / player
+    if final.exists():
+        raise ConfigError(f"--out {out}: {final} already exists; choose another folder")
+    tmp = out / f".{player}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    job = build_trainer(config, data_dir, player, tmp / "trainer", progress)
+    trainer, seed = job.trainer, job.seed
+    sample = job.train_set.shuffle(seed=seed)
+    sample = sample.select(range(min(TRAIN_LOSS_ROWS, len(sample))))
+
+    def losses() -> dict[str, float]:
+        found = {"train": trainer.evaluate(sample)["eval_loss"]}
+        if job.eval_set is not None:
+            found["eval"] = trainer.evaluate(job.eval_set)["eval_loss"]
+        return found
+
+    before = losses()
+    started = time.perf_counter()
+    output = trainer.train()
+    seconds = time.perf_counter() - started
+    after = losses()
+
+    shutil.rmtree(tmp / "trainer", ignore_errors=True)
+    job.model.save_pretrained(str(tmp))
+    if config.sft.method == "full":
+        job.tokenizer.save_pretrained(str(tmp))
+    result = {
+        "player": player,
+        "target": job.target,
+        "method": config.sft.method,
+        "base_model": str(job.model_dir),
+        "rows": len(job.train_set),
+        "eval_rows": 0 if job.eval_set is None else len(job.eval_set),
+        "skipped_rows": job.skipped,
+        "steps": int(output.global_step),
+        "seconds": round(seconds, 2),
+        "seed": seed,
+        "loss_before": before,
+        "loss_after": after,
+    }
+    (tmp / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(final)
+    return result

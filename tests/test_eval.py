@@ -1,0 +1,98 @@
+"""Held-out evaluation: intervals, unbiased episode quotas, the CLI's errors, a real run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reflectrl.config import load_config
+from reflectrl.evaluation.episodes import play, slot_quotas
+from reflectrl.evaluation.report import format_table, grouped, wilson_interval
+from reflectrl.models.policy import OptionPolicy
+from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "configs" / "smoke.yaml"
+
+
+def test_wilson_interval_matches_known_values() -> None:
+    low, high = wilson_interval(0, 10)
+    assert low == 0.0 and high == pytest.approx(0.2775, abs=1e-4)
+    low, high = wilson_interval(5, 10)
+    assert (low, high) == (pytest.approx(0.2366, abs=1e-4), pytest.approx(0.7634, abs=1e-4))
+    assert wilson_interval(10, 10)[0] == pytest.approx(0.7225, abs=1e-4)
+
+
+def test_report_groups_by_stage_and_kind() -> None:
+    records = [
+        {"stage": "a", "kind": "x", "success": True, "episode_return": 1.0, "length": 2},
+        {"stage": "a", "kind": "y", "success": False, "episode_return": -1.0, "length": 4},
+        {"stage": "b", "kind": "x", "success": True, "episode_return": 0.5, "length": 6},
+    ]
+    report = grouped(records)
+    assert report["all"]["episodes"] == 3 and report["all"]["success_rate"] == pytest.approx(2 / 3)
+    assert report["stages"]["a"]["success_rate"] == 0.5
+    assert report["kinds"]["x"]["success_rate"] == 1.0 and report["kinds"]["y"]["length_mean"] == 4
+    table = format_table({"greedy": report})
+    assert "stage a" in table and "kind y" in table and "[" in table
+
+
+def test_each_env_slot_plays_its_own_quota(tiny_dir: Path, tokenizer: Any) -> None:
+    config = load_config(SMOKE, ["reflection.enabled=false"])
+    env = ReflectRLVectorEnv(config, tokenizer, None, num_envs=4)
+    policy = OptionPolicy(tiny_dir, env.label_ids)
+    assert slot_quotas(6, 4) == [2, 2, 1, 1]
+    records = play(policy, env, episodes=6, greedy=False, seed=0)
+    assert [r["env_index"] for r in records] == [0, 0, 1, 1, 2, 3]
+    # Greedy play of the same policy on the same seeds is reproducible.
+    again = ReflectRLVectorEnv(config, tokenizer, None, num_envs=4)
+    first = play(policy, again, episodes=6, greedy=True)
+    again = ReflectRLVectorEnv(config, tokenizer, None, num_envs=4)
+    assert play(policy, again, episodes=6, greedy=True) == first
+
+
+def reflectrl(*args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.run(
+        [sys.executable, "-m", "reflectrl.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=REPO,
+    )
+
+
+@pytest.fixture(scope="module")
+def sft_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from reflectrl.data.dataset import write_dataset
+    from reflectrl.sft.trainer import train_player
+
+    root = tmp_path_factory.mktemp("eval")
+    config = load_config(SMOKE, ["sft.max_steps=4"])
+    write_dataset(config, root / "data", episodes=4, seed=0, progress=False)
+    train_player(config, root / "data", "policy", root / "sft", progress=False)
+    return root / "sft" / "policy"
+
+
+def test_eval_cli_errors_are_one_line(sft_policy: Path, tmp_path: Path) -> None:
+    cases = [
+        (["--adapter", str(sft_policy), "--split", "valid_unseen"],
+         "eval split 'valid_unseen': env dangerous_taxi has splits train, test, all"),
+        (["--adapter", str(tmp_path)], "not a peft adapter"),
+        (["--run", str(tmp_path)], "no config.yaml there"),
+    ]  # fmt: skip
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text((SMOKE).read_text())
+    unfinished = "no finished policy (stage rl has not finished)"
+    cases.append((["--run", str(tmp_path / "run")], unfinished))
+    for args, message in cases:
+        done = reflectrl("eval", "--config", str(SMOKE), *args)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
