@@ -28,6 +28,23 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
+def add_config_arguments(
+    parser: argparse.ArgumentParser,
+    example: str,
+    config_help: str = "YAML config (default: the built-in defaults)",
+) -> None:
+    """`--config FILE` and repeatable `--set KEY=VALUE` (args.config, args.overrides)."""
+    parser.add_argument("--config", help=config_help)
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"override a config value, e.g. --set {example} (repeatable)",
+    )
+
+
 def run_launch(args: argparse.Namespace) -> int:
     from reflectrl.pipeline import LaunchOptions, launch
 
@@ -55,17 +72,9 @@ def add_launch_command(sub: Any) -> None:
         "finished stages and continues the unfinished one.",
     )
     launch.add_argument("--workers", type=int, default=2, help="rollout workers (default 2)")
-    launch.add_argument("--config", help="YAML config (default: the built-in defaults)")
+    add_config_arguments(launch, "ppo.lr=3e-4")
     launch.add_argument("--output", help="run directory (default: runs/<env>-<time>)")
     launch.add_argument("--iterations", type=int, help="training iterations (run.iterations)")
-    launch.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config value, e.g. --set ppo.lr=3e-4 (repeatable)",
-    )
     launch.add_argument("--address", help="join this Ray cluster (default: $RAY_ADDRESS or local)")
     launch.add_argument(
         "--resume",

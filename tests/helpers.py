@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -92,3 +95,17 @@ def check_dataset(config: Any, out: Path, rate_bounds: tuple[float, float]) -> l
     low, high = rate_bounds
     assert low <= perturbed / len(by_step) <= high, perturbed / len(by_step)
     return rows
+
+
+def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """`reflectrl ARGS` in a fresh process on a local Ray, as a user runs it."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.run(
+        [sys.executable, "-m", "reflectrl.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=Path(__file__).resolve().parents[1],
+    )

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +13,7 @@ from reflectrl.evaluation.episodes import play, slot_quotas
 from reflectrl.evaluation.report import format_table, grouped, wilson_interval
 from reflectrl.models.policy import OptionPolicy
 from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
+from tests.helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"
@@ -57,16 +56,7 @@ def test_each_env_slot_plays_its_own_quota(tiny_dir: Path, tokenizer: Any) -> No
 
 
 def reflectrl(*args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"}
-    env.pop("RAY_ADDRESS", None)
-    return subprocess.run(
-        [sys.executable, "-m", "reflectrl.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        cwd=REPO,
-    )
+    return run_cli(*args, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

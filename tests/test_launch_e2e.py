@@ -6,7 +6,6 @@ import json
 import os
 import pickle
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import pytest
 
 from reflectrl.config import load_config
 from tests.fake_openai_server import MODEL as REFLECTOR
+from tests.helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"
@@ -39,16 +39,7 @@ def reflectrl(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def reflectrl_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"}
-    env.pop("RAY_ADDRESS", None)
-    return subprocess.run(
-        [sys.executable, "-m", "reflectrl.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        env=env,
-        cwd=REPO,
-    )
+    return run_cli(*args, timeout=1200)
 
 
 def read_rows(run: Path) -> list[dict[str, Any]]:
@@ -207,7 +198,6 @@ def test_two_workers_sample_from_different_random_streams(ray_session: Any, tmp_
 
 
 def test_a_killed_worker_comes_back_in_the_current_stage(ray_session: Any, tmp_path: Path) -> None:
-    import os
     import signal
 
     from reflectrl.launch import Run

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ from reflectrl.reflection.actor import ReflectionServerActor
 from reflectrl.reflection.client import ReflectionClient
 from reflectrl.sft.rows import IGNORE, encode_rows, load_rows
 from reflectrl.sft.trainer import build_model, completion_loss, finished, train_player
+from tests.helpers import run_cli
 from tests.test_reflection_server import needs_vllm
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,14 +108,7 @@ def test_full_sft_writes_a_model_directory(taxi_data: Path, tmp_path: Path) -> N
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-m", "reflectrl.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    return run_cli(*args, timeout=300)
 
 
 @pytest.mark.parametrize(
@@ -188,25 +180,49 @@ def test_an_adapter_that_does_not_fit_is_a_one_line_error(
         check_adapter_fits(sft_out / "policy", wider, "policy.init_adapter")
 
 
-@needs_vllm
-def test_vllm_serves_the_reflection_adapter(sft_out: Path, tmp_path: Path) -> None:
-    config = load_config(SMOKE, [f"reflection.adapter={sft_out / 'reflection'}"])
-    actor = ReflectionServerActor(config.reflection.model_dump(mode="json"), str(tmp_path / "log"))
+PROMPTS = [f"Taxi at ({i}, 2), passenger at R. # Analyze:\n" for i in range(4)]
+
+
+def served_reflections(config: Any, log: Path, models: list[str]) -> list[list[str]]:
+    """Greedy reflections of PROMPTS from a real vLLM server started as RL starts it."""
+    actor = ReflectionServerActor(config.reflection.model_dump(mode="json"), str(log))
     url = actor.start()
     try:
-        prompts = [f"Taxi at ({i}, 2), passenger at R. # Analyze:\n" for i in range(4)]
-
-        def reflect(model: str) -> list[str]:
-            client = ReflectionClient(url, model=model, max_tokens=12, temperature=0.0)
-            return client.reflect(prompts)
-
-        base = reflect(config.reflection.served_model_name)
-        adapted = reflect(config.reflection.request_model)
-        assert config.reflection.request_model == "reflection-sft"
-        assert base != adapted, base
-        assert adapted == reflect(config.reflection.request_model)  # greedy: reproducible
+        return [
+            ReflectionClient(url, model=m, max_tokens=12, temperature=0.0).reflect(PROMPTS)
+            for m in models
+        ]
     finally:
         actor.stop()
+
+
+@pytest.fixture(scope="module")
+def adapter_server_reflections(sft_out: Path) -> list[list[str]]:
+    """(base model, SFT adapter, SFT adapter again) from one server serving both."""
+    config = load_config(SMOKE, [f"reflection.adapter={sft_out / 'reflection'}"])
+    assert config.reflection.request_model == "reflection-sft"
+    names = [config.reflection.served_model_name, config.reflection.request_model]
+    return served_reflections(config, sft_out.parent / "server.log", [*names, names[1]])
+
+
+@needs_vllm
+def test_vllm_serves_the_reflection_adapter(adapter_server_reflections: list) -> None:
+    base, adapted, again = adapter_server_reflections
+    assert base != adapted, base
+    assert adapted == again  # greedy: reproducible
+
+
+@needs_vllm
+def test_vllm_serves_a_fully_trained_reflection_model(
+    taxi_data: Path, tmp_path: Path, adapter_server_reflections: list
+) -> None:
+    """sft.method=full: the output directory is the reflection model vLLM serves."""
+    config = load_config(SMOKE, [*FAST, "sft.method=full", "sft.lr=0.001"])
+    train_player(config, taxi_data, "reflection", tmp_path / "sft", progress=False)
+    served = load_config(SMOKE, [f"reflection.model={tmp_path / 'sft' / 'reflection'}"])
+    (trained,) = served_reflections(served, tmp_path / "log", ["reflection"])
+    untrained = adapter_server_reflections[0]  # the same prompts on the base model
+    assert trained != untrained, trained
 
 
 def test_rl_starts_from_the_sft_policy_adapter(sft_out: Path) -> None:

@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from reflectrl.cli import add_config_arguments
+
 
 def add_commands(sub: Any) -> None:
     data = sub.add_parser(
@@ -15,18 +17,10 @@ def add_commands(sub: Any) -> None:
         "some steps (data.negative_rate), and write prompt/completion rows for the three SFT "
         "targets (sft, sft_reflection, sft_policy) with the prompts RL uses.",
     )
-    data.add_argument("--config", help="YAML config (default: the built-in defaults)")
+    add_config_arguments(data, "data.negative_rate=0.3")
     data.add_argument("--out", required=True, metavar="DIR", help="a new folder for the data")
     data.add_argument("--episodes", type=int, help="expert episodes (data.episodes)")
     data.add_argument("--seed", type=int, help="(data.seed, else run.seed)")
-    data.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config value, e.g. --set data.negative_rate=0.3 (repeatable)",
-    )
     data.set_defaults(handler=run_data)
 
 

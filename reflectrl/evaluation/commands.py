@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from reflectrl.cli import add_config_arguments
 from reflectrl.errors import ConfigError
 
 
@@ -17,7 +18,7 @@ def add_commands(sub: Any) -> None:
         help="evaluate a finished run or an adapter on held-out data",
         description="Play eval.episodes episodes per stage on the env's held-out split, with "
         "greedy and with sampled decoding, through the same vector env and reflection server "
-        "as training, on Ray workers in parallel. Prints success rate (95%% Wilson interval), "
+        "as training, on Ray workers in parallel. Prints success rate (95% Wilson interval), "
         "mean return and mean length per stage / task kind, and writes them as JSON.",
     )
     source = ev.add_mutually_exclusive_group(required=True)
@@ -25,21 +26,15 @@ def add_commands(sub: Any) -> None:
     source.add_argument(
         "--adapter", metavar="DIR", help="a policy adapter (of `reflectrl sft` or a checkpoint)"
     )
-    ev.add_argument("--config", help="YAML config (default: the run's; with --adapter: defaults)")
+    add_config_arguments(
+        ev, "eval.episodes=60", "YAML config (default: the run's; with --adapter: defaults)"
+    )
     ev.add_argument("--split", help="the env split to play (eval.split; default: held out)")
     ev.add_argument("--episodes", type=int, help="per stage and decoding (eval.episodes)")
     ev.add_argument("--seed", type=int, help="(eval.seed, else run.seed)")
     ev.add_argument("--workers", type=int, default=2, help="eval workers (default 2)")
     ev.add_argument("--out", metavar="FILE", help="JSON result (default: next to the policy)")
     ev.add_argument("--address", help="join this Ray cluster (default: $RAY_ADDRESS or local)")
-    ev.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config value (repeatable)",
-    )
     ev.set_defaults(handler=run_eval)
 
 

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from reflectrl.cli import add_config_arguments
+
 PLAYER_CHOICES = ("reflection", "policy", "both")
 
 
@@ -19,18 +21,10 @@ def add_commands(sub: Any) -> None:
         "the completion only. Writes OUT/reflection and OUT/policy (peft adapters, or model "
         "directories with sft.method=full), each with sft_result.json.",
     )
-    sft.add_argument("--config", help="YAML config (default: the built-in defaults)")
+    add_config_arguments(sft, "sft.max_steps=200")
     sft.add_argument("--data", required=True, metavar="DIR", help="folder of `reflectrl data`")
     sft.add_argument("--player", default="both", help="reflection, policy or both (default)")
     sft.add_argument("--out", required=True, metavar="DIR", help="folder for the adapters")
-    sft.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config value, e.g. --set sft.max_steps=200 (repeatable)",
-    )
     sft.set_defaults(handler=run_sft)
 
 
