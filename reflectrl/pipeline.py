@@ -158,18 +158,55 @@ def data_stage(ctx: StageContext) -> dict[str, Any]:
     return {"steps": stats["steps"], "episodes": stats["episodes"]}
 
 
+def use_all_cores() -> int:
+    """Let torch use every core of this node. Ray sets OMP_NUM_THREADS to a task's num_cpus
+    (1 here), which halved SFT speed on 2 cores; nothing else runs during the SFT stage."""
+    import os
+
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    return torch.get_num_threads()
+
+
+def train_on_node(
+    config: ReflectRLConfig, data: Path, player: str, out: Path, lines: Any
+) -> dict[str, Any]:
+    """`train_player` in a Ray task; its progress lines go to the `lines` queue (the driver
+    prints them: Ray does not forward task output here)."""
+    from reflectrl.sft.trainer import train_player
+
+    use_all_cores()
+    return train_player(config, data, player, out, emit=lines.put)  # type: ignore[arg-type]
+
+
+def wait_printing(ref: Any, lines: Any) -> Any:
+    """The task's result, printing its queued progress lines meanwhile."""
+    while True:
+        ready, _ = ray.wait([ref], timeout=1.0)
+        for line in lines.get_nowait_batch(lines.qsize()):
+            print(line, flush=True)
+        if ready:
+            return ray_result(ref)
+
+
 def sft_stage(ctx: StageContext) -> dict[str, Any]:
     """Each player as a Ray task with the learner's resources (a GPU node on a cluster)."""
-    from reflectrl.sft.trainer import finished, train_player
+    from ray.util.queue import Queue
+
+    from reflectrl.sft.trainer import finished
 
     out = ctx.run_dir / "sft"
-    task = ray.remote(num_cpus=1, num_gpus=ctx.config.run.num_gpus_per_learner)(train_player)
+    task = ray.remote(num_cpus=1, num_gpus=ctx.config.run.num_gpus_per_learner)(train_on_node)
     results = {}
     for player in sft_players(ctx.config):
         result = finished(out, player)  # a player finished before a crash is kept
         if result is None:
             print(f"sft: training the {player} ...", flush=True)
-            result = ray_result(task.remote(ctx.config, ctx.run_dir / "data", player, out))
+            lines = Queue(actor_options={"num_cpus": 0})
+            ref = task.remote(ctx.config, ctx.run_dir / "data", player, out, lines)
+            result = wait_printing(ref, lines)
+            ray.kill(lines.actor)
         before, after = result["loss_before"], result["loss_after"]
         print(
             f"sft: {player}: {result['steps']} steps in {result['seconds']:.0f} s, completion "

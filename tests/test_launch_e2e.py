@@ -65,6 +65,7 @@ def test_cli_smoke_pipeline_runs_every_stage_and_resumes(tmp_path: Path) -> None
     for player in ("reflection", "policy"):
         assert (run / "sft" / player / "adapter_config.json").is_file()
         assert f"sft: {player}: 10 steps" in result.stdout
+        assert f"sft {player}: step 10/10, loss " in result.stdout  # the SFT task's progress
     # RL starts from the SFT policy adapter and the server serves the SFT reflection adapter
     # (the server is ready only once it lists the adapter's name).
     assert f"(tiny + adapter {run / 'sft' / 'reflection'})" in result.stdout
@@ -126,6 +127,21 @@ def ray_session() -> Any:
     ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+def test_the_sft_task_uses_every_core(ray_session: Any) -> None:
+    """Ray gives a num_cpus=1 task one torch thread (OMP_NUM_THREADS=1); the SFT stage's task
+    takes the node's cores back."""
+    import torch
+
+    from reflectrl.pipeline import use_all_cores
+
+    def threads(take_all: bool) -> int:
+        return use_all_cores() if take_all else torch.get_num_threads()
+
+    task = ray_session.remote(num_cpus=1)(threads)
+    assert ray_session.get(task.remote(False)) == 1
+    assert ray_session.get(task.remote(True)) == (os.cpu_count() or 1)
 
 
 def test_weights_and_stage_reach_every_worker(

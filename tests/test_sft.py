@@ -130,10 +130,12 @@ def test_sft_cli_errors_are_one_line(
 
 def test_sft_cli_never_overwrites_a_finished_adapter(taxi_data: Path, tmp_path: Path) -> None:
     argv = ["sft", "--config", str(SMOKE), "--data", str(taxi_data), "--out", str(tmp_path)]
-    argv += ["--player", "policy", "--set", "sft.max_steps=2"]
+    argv += ["--player", "policy", "--set", "sft.max_steps=2", "--set", "sft.logging_steps=1"]
     first = _cli(*argv)
     assert first.returncode == 0, first.stderr
     assert "sft policy: 2 steps" in first.stdout
+    # Not a terminal: one progress line per logging step instead of a bar.
+    assert "sft policy: step 2/2, loss " in first.stderr and "s left)" in first.stderr
     before = (tmp_path / "policy" / "adapter_model.safetensors").read_bytes()
     second = _cli(*argv)
     assert second.returncode == 2 and "already exists" in second.stderr

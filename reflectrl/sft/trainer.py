@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,6 +92,43 @@ def _trainer_class() -> type:
     return CompletionLossTrainer
 
 
+def print_line(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def progress_lines(name: str, emit: Callable[[str], None] = print_line) -> Any:
+    """A callback emitting `name: step k/n, loss x (elapsed, ETA)` at each logging step."""
+    from transformers import TrainerCallback
+
+    class ProgressLines(TrainerCallback):
+        started: float | None = None  # None outside train(): the losses measured around it
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.started = time.perf_counter()
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.started = None
+
+        def on_log(
+            self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any
+        ) -> None:
+            if self.started is None:
+                return
+            logs = logs or {}
+            elapsed = time.perf_counter() - self.started
+            step, total = state.global_step, state.max_steps
+            left = elapsed / step * (total - step) if step else 0.0
+            if "loss" in logs:
+                what = f"loss {float(logs['loss']):.3f}"
+            elif "eval_loss" in logs:
+                what = f"held-out loss {float(logs['eval_loss']):.3f}"
+            else:
+                return
+            emit(f"{name}: step {step}/{total}, {what} ({elapsed:.0f} s, ~{left:.0f} s left)")
+
+    return ProgressLines()
+
+
 def player_model(config: ReflectRLConfig, player: Player) -> tuple[str, LoraSettings]:
     if player == "policy":
         return config.policy.model, config.policy.lora
@@ -138,10 +177,12 @@ def build_trainer(
     workdir: Path,
     progress: bool = True,
     full_logits: bool = False,
+    emit: Callable[[str], None] = print_line,
 ) -> SFTJob:
     """The trainer for `player` on `data_dir` (TRL writes under `workdir`). `full_logits`:
     TRL's own loss over the full-vocabulary logits (only to measure what ours saves)."""
     from datasets import Dataset
+    from transformers import PrinterCallback
     from trl import SFTConfig, SFTTrainer
 
     settings = config.sft
@@ -183,7 +224,8 @@ def build_trainer(
         gradient_checkpointing=config.policy.gradient_checkpointing,
         max_length=None,  # rows are already fitted to the player's budget
         dataset_kwargs={"skip_prepare_dataset": True},
-        disable_tqdm=not progress,
+        # A bar on a terminal; elsewhere (a Ray task, a log file) one line per logging step.
+        disable_tqdm=not (progress and sys.stderr.isatty()),
         prediction_loss_only=True,
     )
     train_set = Dataset.from_list(train.examples)
@@ -196,20 +238,30 @@ def build_trainer(
         eval_dataset=eval_set,
         processing_class=tokenizer,
     )
+    if args.disable_tqdm:
+        trainer.remove_callback(PrinterCallback)  # it prints raw log dicts
+        if progress:
+            trainer.add_callback(progress_lines(f"sft {player}", emit))
     skipped = train.skipped + held.skipped
     return SFTJob(trainer, model, tokenizer, train_set, eval_set, target, model_dir, skipped, seed)
 
 
 def train_player(
-    config: ReflectRLConfig, data_dir: Path, player: Player, out: Path, progress: bool = True
+    config: ReflectRLConfig,
+    data_dir: Path,
+    player: Player,
+    out: Path,
+    progress: bool = True,
+    emit: Callable[[str], None] = print_line,
 ) -> dict[str, Any]:
-    """SFT of `player` on `data_dir`, saved to `out/<player>`; returns the result record."""
+    """SFT of `player` on `data_dir`, saved to `out/<player>`; returns the result record.
+    Progress goes to `emit` (a bar instead on a terminal)."""
     final = out / player
     if final.exists():
         raise ConfigError(f"--out {out}: {final} already exists; choose another folder")
     tmp = out / f".{player}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    job = build_trainer(config, data_dir, player, tmp / "trainer", progress)
+    job = build_trainer(config, data_dir, player, tmp / "trainer", progress, emit=emit)
     trainer, seed = job.trainer, job.seed
     sample = job.train_set.shuffle(seed=seed)
     sample = sample.select(range(min(TRAIN_LOSS_ROWS, len(sample))))
