@@ -23,6 +23,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "reflectrl.data.commands",
     "reflectrl.sft.commands",
     "reflectrl.evaluation.commands",
+    "reflectrl.experiment.commands",
     "reflectrl.envs.auto_explore.commands",
     "reflectrl.envs.alfworld.commands",
 )
@@ -46,11 +47,16 @@ def add_config_arguments(
 
 
 def run_launch(args: argparse.Namespace) -> int:
+    from reflectrl.config import machine_recipe
     from reflectrl.pipeline import LaunchOptions, launch
 
+    config_path = args.config
+    if config_path is None and args.resume is None:
+        config_path, why = machine_recipe()
+        print(why, flush=True)
     options = LaunchOptions(
         workers=args.workers,
-        config_path=args.config,
+        config_path=config_path,
         output=args.output,
         iterations=args.iterations,
         overrides=args.overrides,
@@ -72,7 +78,11 @@ def add_launch_command(sub: Any) -> None:
         "finished stages and continues the unfinished one.",
     )
     launch.add_argument("--workers", type=int, default=2, help="rollout workers (default 2)")
-    add_config_arguments(launch, "ppo.lr=3e-4")
+    add_config_arguments(
+        launch,
+        "ppo.lr=3e-4",
+        "YAML config (default: configs/gpu.yaml where CUDA is visible, else configs/cpu.yaml)",
+    )
     launch.add_argument("--output", help="run directory (default: runs/<env>-<time>)")
     launch.add_argument("--iterations", type=int, help="training iterations (run.iterations)")
     launch.add_argument("--address", help="join this Ray cluster (default: $RAY_ADDRESS or local)")

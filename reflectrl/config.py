@@ -1,8 +1,9 @@
 """The whole configuration as one pydantic tree, loaded from YAML with `--set a.b=value` overrides.
 
 Unknown keys and wrong types are errors that name the key (`ConfigError`, exit code 2).
-The defaults are the default run (`reflectrl launch` with no `--config`); `configs/default.yaml`
-spells them out.
+The defaults are the GPU recipe, spelled out in `configs/gpu.yaml`; `reflectrl launch` with no
+`--config` picks `configs/gpu.yaml` where a CUDA device is visible and `configs/cpu.yaml` (tiny
+from-scratch models that learn Taxi on a laptop) otherwise (`machine_recipe`).
 """
 
 from __future__ import annotations
@@ -203,11 +204,19 @@ class SFTSettings(Strict):
     lr: float = Field(2e-4, gt=0)
     epochs: float = Field(1.0, gt=0)
     max_steps: int | None = Field(None, ge=1)  # set: this many steps instead of `epochs`
+    # The reflection model's steps, when it needs more than the policy (it writes whole
+    # sentences; the policy one label). None: `max_steps`.
+    reflection_max_steps: int | None = Field(None, ge=1)
     batch_size: int = Field(8, ge=1)
     warmup_steps: int = Field(0, ge=0)
     logging_steps: int = Field(10, ge=1)
     eval_steps: int = Field(50, ge=1)  # eval loss on the held-out rows every this many steps
     seed: int | None = None  # None: run.seed
+
+    def max_steps_of(self, player: str) -> int | None:
+        if player == "reflection" and self.reflection_max_steps is not None:
+            return self.reflection_max_steps
+        return self.max_steps
 
 
 class RLStage(Strict):
@@ -305,3 +314,20 @@ def load_config(
 
 def dump_config(config: ReflectRLConfig) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+# The shipped recipes, next to the package in a source checkout (`pip install -e .`).
+RECIPES_DIR = Path(__file__).resolve().parents[1] / "configs"
+
+
+def machine_recipe() -> tuple[Path, str]:
+    """(recipe file, the line that says why): `configs/gpu.yaml` where a CUDA device is visible,
+    `configs/cpu.yaml` otherwise."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    path = RECIPES_DIR / ("gpu.yaml" if cuda else "cpu.yaml")
+    if not path.is_file():
+        raise ConfigError(f"no --config given and the recipe {path} is missing; pass --config FILE")
+    why = "a CUDA device is visible" if cuda else "no CUDA device is visible"
+    return path, f"{why}: using the recipe {path} (pass --config FILE to choose another)"

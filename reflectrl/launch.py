@@ -323,9 +323,12 @@ def train(config: ReflectRLConfig, run_dir: Path, workers: int, resume_from: Pat
     try:
         run.start(resume_from)
         print(f"run directory: {run_dir}", flush=True)
+        first, started = run.iteration, time.perf_counter()
         while run.iteration < config.run.iterations:
             row = run.train_iteration()
-            print(format_progress(row, config.run.iterations), flush=True)
+            per_iteration = (time.perf_counter() - started) / (run.iteration - first)
+            eta = per_iteration * (config.run.iterations - run.iteration)
+            print(format_progress(row, config.run.iterations, eta), flush=True)
     except BaseException as err:  # re-raised below, once everything is saved and closed
         failure = err
     # Outside the except block on purpose: Ray and RLlib log with exc_info while shutting down,

@@ -61,10 +61,11 @@ class MetricsSink:
         self.tensorboard.close()
 
 
-def format_progress(row: dict[str, Any], total: int) -> str:
+def format_progress(row: dict[str, Any], total: int, eta_s: float | None = None) -> str:
     ret = row["episode_return_mean"]
+    eta = "" if eta_s is None else f"  ETA {format_duration(eta_s)}"
     line = (
-        f"iter {row['iteration']:>4}/{total}  env_steps {row['env_steps']:>7}  "
+        f"iter {row['iteration']:>4}/{total}{eta}  env_steps {row['env_steps']:>7}  "
         f"success {row['success_rate']:.2f}  stage {row['stage']}  "
         f"return {'n/a' if ret is None else f'{ret:+.3f}'}  "
         f"steps/s {row['env_steps_per_s']:.1f}  reflections {row['reflection_calls']}"
@@ -79,6 +80,16 @@ def format_progress(row: dict[str, Any], total: int) -> str:
     if row["restarted_workers"]:  # RLlib restarts crashed workers silently: say so
         line += f"  RESTARTED WORKERS {row['restarted_workers']} (see the Ray logs)"
     return line
+
+
+def format_duration(seconds: float) -> str:
+    """`1h02m`, `4m05s` or `12s`."""
+    seconds = max(0, round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def keep_rows_up_to(path: Path, iteration: int) -> None:

@@ -293,7 +293,19 @@ def launch(opts: LaunchOptions) -> Path:
             print(f"{header} done in {seconds:.0f} s", flush=True)
     finally:
         ray.shutdown()
+    print_outcome(run_dir)
     return run_dir
+
+
+def print_outcome(run_dir: Path) -> None:
+    """The short result table a run ends with, and where its plots are."""
+    from reflectrl.experiment.plots import run_plots
+    from reflectrl.experiment.results import curve, run_summary, run_table
+
+    print(f"results of {run_dir}:\n{run_table(run_summary(run_dir))}", flush=True)
+    made = run_plots(run_dir, curve(run_dir))
+    if made:
+        print(f"plots: {', '.join(str(p) for p in made)}", flush=True)
 
 
 def mark_done(run_dir: Path, stage: str, summary: dict[str, Any]) -> None:

@@ -11,8 +11,8 @@ from reflectrl.errors import ConfigError
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_default_yaml_spells_out_the_defaults() -> None:
-    from_file = load_config(REPO / "configs" / "default.yaml")
+def test_gpu_yaml_spells_out_the_defaults() -> None:
+    from_file = load_config(REPO / "configs" / "gpu.yaml")
     assert from_file == ReflectRLConfig()
 
 

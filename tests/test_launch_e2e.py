@@ -14,7 +14,7 @@ import pytest
 
 from reflectrl.config import load_config
 from tests.fake_openai_server import MODEL as REFLECTOR
-from tests.helpers import run_cli
+from tests.helpers import png_size, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"
@@ -74,6 +74,14 @@ def test_cli_smoke_pipeline_runs_every_stage_and_resumes(tmp_path: Path) -> None
     assert "greedy    all" in result.stdout
     progress = [line for line in result.stdout.splitlines() if line.startswith("iter ")]
     assert len(progress) == 2 and "success" in progress[0] and "steps/s" in progress[0]
+    assert " ETA " in progress[0]
+    # It ends with a result table (the figures of the run's own files) and its plots.
+    table = result.stdout.split(f"results of {run}:")[1]
+    assert f"held-out success, greedy   {report['greedy']['all']['success_rate']:.3f}" in table
+    assert "rl: iterations / env steps" in table
+    for plot in ("learning_curves.png", "curriculum.png"):
+        assert png_size(run / "plots" / plot) == (800, 450)
+        assert str(run / "plots" / plot) in result.stdout
 
     rows = read_rows(run)
     assert [r["iteration"] for r in rows] == [1, 2]

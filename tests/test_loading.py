@@ -194,3 +194,34 @@ def test_smollm2_conversion(tmp_path_factory: pytest.TempPathFactory) -> None:
         assert resolve_model("smollm2", cache) == model_dir
     finally:
         loading._build_smollm2 = original
+
+
+@pytest.fixture(scope="module")
+def scratch_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return resolve_model("scratch:dangerous_taxi", tmp_path_factory.mktemp("cache"))
+
+
+def test_scratch_model_speaks_taxi_in_few_ids(scratch_dir: Path) -> None:
+    """`scratch:<env>`: a tokenizer trained on the env's text (few ids, Taxi words whole, every
+    label one token) and a random Llama over it, loadable like any HF directory."""
+    from reflectrl import prompts
+    from reflectrl.envs.registry import make_text_env
+    from reflectrl.models.tokens import label_token_ids
+
+    tokenizer = load_tokenizer(scratch_dir)
+    assert len(tokenizer) == 512
+    labels = "123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    assert len(set(label_token_ids(tokenizer, labels, prompts.ACTION_MARKER))) == len(labels)
+    obs, _ = make_text_env("dangerous_taxi", {"split": "test"}).reset(seed=3)
+    text = prompts.policy_prompt(obs, 'Next: "go north".', labels, range(len(obs.actions)))
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert tokenizer.decode(ids) == text
+    assert len(ids) < 0.4 * len(text)  # words, not bytes (the map is a token per cell)
+    assert tokenizer.encode(" passenger", add_special_tokens=False) != []
+    odd = "héllo ✓ {}"  # text the env never shows still encodes (byte-level alphabet)
+    assert tokenizer.decode(tokenizer.encode(odd, add_special_tokens=False)) == odd
+    model = load_causal_lm(scratch_dir)
+    assert model.config.vocab_size == 512
+    assert sum(p.numel() for p in model.parameters()) < 600_000
+    out = model.generate(torch.tensor([ids]), max_new_tokens=3, do_sample=False)
+    assert out.shape == (1, len(ids) + 3)

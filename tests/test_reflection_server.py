@@ -147,3 +147,29 @@ def test_bad_model_dir_fails_with_log_line(tmp_path: Path) -> None:
     assert "no_such_architecture" in message and str(tmp_path / "bad.log") in message
     assert "\n" not in message
     assert server.process is None
+
+
+@pytest.mark.integration
+@needs_vllm
+def test_real_server_serves_a_scratch_model_with_its_own_tokenizer(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """The CPU recipe's models (`scratch:<env>`, a 512-id tokenizer trained on Taxi text) are
+    served by vLLM with that tokenizer: the server counts a Taxi prompt in our tokens."""
+    import httpx
+
+    from reflectrl import prompts
+    from reflectrl.envs.registry import make_text_env
+    from reflectrl.models.loading import load_tokenizer
+
+    model = resolve_model("scratch:dangerous_taxi", tmp_path_factory.mktemp("cache"))
+    tokenizer = load_tokenizer(model)
+    obs, _ = make_text_env("dangerous_taxi", {"split": "test"}).reset(seed=5)
+    prompt = prompts.reflection_prompt(obs)
+    with VLLMServer(model, tmp_path / "server.log", served_model_name="scratch") as server:
+        body = {"model": "scratch", "prompt": prompt, "max_tokens": 6, "temperature": 0.0}
+        reply = httpx.post(f"{server.url}/completions", json=body, timeout=120).json()
+        assert reply["usage"]["prompt_tokens"] == len(tokenizer.encode(prompt))
+        assert reply["usage"]["completion_tokens"] >= 1
+        text = reply["choices"][0]["text"]
+        assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text

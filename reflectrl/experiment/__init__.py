@@ -1,0 +1,1 @@
+"""Ablation grids: variants x seeds of `reflectrl launch`, their results and plots."""

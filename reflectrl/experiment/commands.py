@@ -1,0 +1,162 @@
+"""`reflectrl experiment FILE`: run an ablation grid, then write its report:
+results.json, results.md and plots/ (learning curves, held-out success, curriculum)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from reflectrl.experiment import plots
+from reflectrl.experiment.grid import PlannedRun, load_spec, plan, run_grid
+from reflectrl.experiment.results import aggregate, curve, markdown_table, run_summary
+
+PLOTS = ("learning_curves.png", "heldout_success.png", "curriculum.png")
+
+
+def git_commit() -> str | None:
+    """The commit of the code that ran (None outside a git checkout)."""
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None
+
+
+def write_report(file: Path, output: Path, runs: list[PlannedRun], command: str) -> dict[str, Any]:
+    """results.json, results.md and the plots, from what the run directories hold now."""
+    summaries: dict[str, list[dict[str, Any]]] = {}
+    curves: plots.Curves = {}
+    for run in runs:
+        summary = {"variant": run.variant, "seed": run.seed, **run_summary(run.dir)}
+        summaries.setdefault(run.variant, []).append(summary)
+        rows = curve(run.dir)
+        if rows:
+            curves.setdefault(run.variant, []).append(rows)
+    variants = {name: aggregate(rows) for name, rows in summaries.items()}
+    per_seed = {
+        name: {key: [r[key] for r in rows if r["finished"]]
+               for key in ("success_greedy", "success_sampled")}
+        for name, rows in summaries.items()
+    }  # fmt: skip
+    folder = output / "plots"
+    made = [
+        plots.learning_curves(curves, folder / PLOTS[0]),
+        plots.success_bars(variants, per_seed, folder / PLOTS[1]),
+        plots.curriculum(curves, folder / PLOTS[2]),
+    ]
+    results = {
+        "experiment": str(file),
+        "command": command,
+        "commit": git_commit(),
+        "written_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "variants": variants,
+        "runs": [r for rows in summaries.values() for r in rows],
+        "plots": [str(p.relative_to(output)) for p in made],
+    }
+    _atomic_write(output / "results.json", json.dumps(results, indent=2) + "\n")
+    _atomic_write(output / "results.md", _markdown(results))
+    return results
+
+
+def _markdown(results: dict[str, Any]) -> str:
+    lines = [
+        f"# Results of `{results['experiment']}`",
+        "",
+        f"Command: `{results['command']}`  ",
+        f"Commit: `{results['commit']}`; written {results['written_at']}.",
+        "",
+        "Held-out success is the share of held-out episodes solved (eval JSON of each run); "
+        "every cell is the mean over seeds with its 95% t-interval over seeds.",
+        "",
+        markdown_table(results["variants"]),
+        "",
+        "## Runs",
+        "",
+        "| variant | seed | success, greedy | success, sampled | env steps | wall time (min) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results["runs"]:
+        if r["finished"]:
+            lines.append(
+                f"| {r['variant']} | {r['seed']} | {r['success_greedy']:.3f} "
+                f"| {r['success_sampled']:.3f} | {r['env_steps']} | {r['wall_s'] / 60:.1f} |"
+            )
+        else:
+            lines.append(f"| {r['variant']} | {r['seed']} | not finished | | | |")
+    lines += ["", *[f"![{p}]({p})" for p in results["plots"]], ""]
+    return "\n".join(lines)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def run_experiment(args: argparse.Namespace) -> int:
+    from reflectrl.errors import ConfigError
+
+    if args.workers < 1 or args.parallel < 1:
+        raise ConfigError("--workers and --parallel must be at least 1")
+    file = Path(args.file)
+    spec = load_spec(file)
+    output = Path(args.output or Path("experiments") / "runs" / file.stem)
+    if args.variants:
+        wanted = args.variants.split(",")
+        unknown = sorted(set(wanted) - set(spec.variants))
+        if unknown:
+            raise ConfigError(
+                f"--variants: {', '.join(unknown)} not in {file} "
+                f"(it has {', '.join(spec.variants)})"
+            )
+        spec.variants = {name: spec.variants[name] for name in wanted}
+    runs = plan(spec, output)
+    print(
+        f"experiment {file}: {len(spec.variants)} variants x {len(spec.seeds)} seeds = "
+        f"{len(runs)} runs in {output}",
+        flush=True,
+    )
+    outcome = run_grid(
+        spec, runs, output, args.workers, args.parallel, args.address, share=not args.no_share
+    )
+    command = f"reflectrl experiment {file}" + (f" --output {args.output}" if args.output else "")
+    results = write_report(file, output, runs, command + f" --workers {args.workers}")
+    print(markdown_table(results["variants"]))
+    print(f"report: {output / 'results.md'}; plots: {output / 'plots'}")
+    failed = {name: why for name, why in outcome.items() if why != "finished"}
+    for name, why in failed.items():
+        print(f"{name}: {why}; log: {output / 'logs' / f'{name}.log'}")
+    return 1 if failed else 0
+
+
+def add_commands(sub: Any) -> None:
+    parser = sub.add_parser(
+        "experiment",
+        help="run an ablation grid (variants x seeds) and write its results and plots",
+        description="Run every variant x seed of an experiment file as its own `reflectrl "
+        "launch` run in OUTPUT/<variant>-seed<seed>/ (finished runs are skipped, unfinished "
+        "ones resume), then write OUTPUT/results.json, OUTPUT/results.md and OUTPUT/plots/.",
+    )
+    parser.add_argument("file", help="experiment YAML (base, set, seeds, variants)")
+    parser.add_argument("--output", help="folder of the runs (default: experiments/runs/<file>)")
+    parser.add_argument("--workers", type=int, default=2, help="rollout workers per run")
+    parser.add_argument(
+        "--parallel", type=int, default=1, help="runs at a time (default 1; more on a cluster)"
+    )
+    parser.add_argument("--address", help="join this Ray cluster (default: $RAY_ADDRESS or local)")
+    parser.add_argument(
+        "--no-share",
+        action="store_true",
+        help="train data and SFT in every run, also where an earlier run of the grid has the "
+        "same data and SFT settings (by default such runs start from a copy of its)",
+    )
+    parser.add_argument(
+        "--variants", help="comma-separated variants to run (default: all of the file)"
+    )
+    parser.set_defaults(handler=run_experiment)

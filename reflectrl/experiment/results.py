@@ -1,0 +1,153 @@
+"""What a run directory says it achieved, and the same figures aggregated over seeds.
+
+Every number comes from files the run wrote: the held-out eval JSON (`stages/eval.json` names
+it), `metrics.jsonl` (one row per RL iteration) and the stage markers (`stages/<stage>.json`,
+with their wall time). Nothing is recomputed from models.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+# Two-sided 95% quantiles of Student's t by degrees of freedom (df > 30: the normal's).
+T95 = {
+    1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
+    10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042,
+}  # fmt: skip
+PIPELINE_ORDER = ("data", "sft", "rl", "eval")
+METRICS = ("success_greedy", "success_sampled", "return_greedy", "env_steps", "wall_s")
+
+
+def t95(df: int) -> float:
+    if df > 30:
+        return 1.960
+    return T95[max(k for k in T95 if k <= df)]  # conservative between table entries
+
+
+def mean_ci95(values: list[float]) -> dict[str, Any]:
+    """Mean and its 95% t-interval over `values` (seeds); no interval from a single value."""
+    n = len(values)
+    if n == 0:
+        return {"n": 0, "mean": None, "ci95": None}
+    mean = statistics.fmean(values)
+    if n == 1:
+        return {"n": 1, "mean": mean, "ci95": None}
+    half = t95(n - 1) * statistics.stdev(values) / math.sqrt(n)
+    return {"n": n, "mean": mean, "ci95": [mean - half, mean + half]}
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def curve(run_dir: Path) -> list[dict[str, Any]]:
+    """The RL iterations of a run (empty for a run without RL)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # the last line of a run killed mid-write
+            continue
+    return rows
+
+
+def run_summary(run_dir: Path) -> dict[str, Any]:
+    """The figures of one finished run; `finished` is False while its eval is missing."""
+    markers = {p.stem: p for p in (run_dir / "stages").glob("*.json")}
+    order = [s for s in PIPELINE_ORDER if s in markers] + sorted(set(markers) - set(PIPELINE_ORDER))
+    stages = {name: json.loads(markers[name].read_text()) for name in order}
+    eval_marker = stages.get("eval")
+    report = read_json(run_dir / eval_marker["file"]) if eval_marker else None
+    summary: dict[str, Any] = {
+        "dir": str(run_dir),
+        "finished": report is not None,
+        "stage_seconds": {name: s["seconds"] for name, s in stages.items()},
+        "wall_s": sum(s["seconds"] for s in stages.values()),
+        "env_steps": stages.get("rl", {}).get("env_steps", 0),
+        "rl_iterations": stages.get("rl", {}).get("iterations", 0),
+    }
+    if report is not None:
+        greedy, sampled = report["greedy"]["all"], report["sampled"]["all"]
+        summary.update(
+            eval_file=eval_marker["file"],
+            eval_episodes=greedy["episodes"],
+            success_greedy=greedy["success_rate"],
+            success_greedy_ci95=greedy["success_ci95"],
+            success_sampled=sampled["success_rate"],
+            success_sampled_ci95=sampled["success_ci95"],
+            return_greedy=greedy["return_mean"],
+            return_sampled=sampled["return_mean"],
+        )
+    for player in ("reflection", "policy"):
+        sft = stages.get("sft", {}).get(player)
+        if sft:
+            summary[f"sft_{player}_eval_loss"] = sft["loss_after"].get("eval")
+    return summary
+
+
+def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per metric, the mean and 95% interval over the finished runs (seeds) of one variant."""
+    done = [r for r in runs if r["finished"]]
+    return {
+        "seeds": [r["seed"] for r in done],
+        "missing_seeds": [r["seed"] for r in runs if not r["finished"]],
+        **{m: mean_ci95([float(r[m]) for r in done]) for m in METRICS},
+    }
+
+
+def cell(stat: dict[str, Any], digits: int = 2, scale: float = 1.0) -> str:
+    if stat["mean"] is None:
+        return "n/a"
+    text = f"{stat['mean'] * scale:.{digits}f}"
+    if stat["ci95"] is not None:
+        low, high = (v * scale for v in stat["ci95"])
+        text += f" [{low:.{digits}f}, {high:.{digits}f}]"
+    return text
+
+
+def markdown_table(variants: dict[str, dict[str, Any]]) -> str:
+    """One row per variant: mean [95% interval over seeds] of every metric."""
+    lines = [
+        "| variant | seeds | held-out success, greedy | held-out success, sampled "
+        "| return (greedy) | env steps | wall time (min) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, v in variants.items():
+        seeds = f"{len(v['seeds'])}" + (
+            f" ({len(v['missing_seeds'])} missing)" if v["missing_seeds"] else ""
+        )
+        lines.append(
+            f"| {name} | {seeds} | {cell(v['success_greedy'])} | {cell(v['success_sampled'])} "
+            f"| {cell(v['return_greedy'])} | {cell(v['env_steps'], 0)} "
+            f"| {cell(v['wall_s'], 1, 1 / 60)} |"
+        )
+    return "\n".join(lines)
+
+
+def run_table(summary: dict[str, Any]) -> str:
+    """The short table `reflectrl launch` ends with."""
+    rows = [(f"stage {k}", f"{v:.0f} s") for k, v in summary["stage_seconds"].items()]
+    for player in ("reflection", "policy"):
+        loss = summary.get(f"sft_{player}_eval_loss")
+        if loss is not None:
+            rows.append((f"sft {player}: held-out loss", f"{loss:.3f}"))
+    if summary["rl_iterations"]:
+        rows.append(("rl: iterations / env steps", f"{summary['rl_iterations']} / "
+                     f"{summary['env_steps']}"))  # fmt: skip
+    if summary["finished"]:
+        for decoding in ("greedy", "sampled"):
+            low, high = summary[f"success_{decoding}_ci95"]
+            rows.append((
+                f"held-out success, {decoding}",
+                f"{summary[f'success_{decoding}']:.3f} [{low:.2f}, {high:.2f}] "
+                f"({summary['eval_episodes']} episodes)",
+            ))  # fmt: skip
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)

@@ -1,0 +1,100 @@
+"""A from-scratch model for one env: a byte-level BPE tokenizer trained on the env's own text,
+and a small random-init Llama over that vocabulary (`policy.model: scratch:<env>`).
+
+Why: on a CPU the embedding and LM head over a 49k-id vocabulary dominate a tiny model's cost
+(~10x the rest); a few hundred ids trained on the text the env really shows keep a 0.5M-param
+model fast enough to learn Taxi in minutes. Both players stay ordinary HF model directories
+(`tokenizer.json` + safetensors) that transformers, peft and vLLM load like any other.
+
+The corpus is the env's expert episodes rendered by the same prompt code as the SFT data
+(instruction, observation, template reflections, menus, markers, every label), so nothing the
+env says is split into single bytes; text from elsewhere still encodes (byte-level alphabet).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SCRATCH_PREFIX = "scratch:"
+SCRATCH_RECIPE = "scratch-llama-v1"
+VOCAB_SIZE = 512
+CORPUS_EPISODES = 240
+CORPUS_SEED = 1234
+SPECIALS = ("<|endoftext|>", "<|pad|>")
+
+
+def scratch_env(spec: str) -> str | None:
+    """The env name of a `scratch:<env>` spec, or None for any other spec."""
+    return spec[len(SCRATCH_PREFIX) :] if spec.startswith(SCRATCH_PREFIX) else None
+
+
+def dirname(env_name: str) -> str:
+    return f"scratch-{env_name}"
+
+
+def corpus(env_name: str, episodes: int = CORPUS_EPISODES) -> Iterator[str]:
+    """Every prompt and reflection of `episodes` seeded expert episodes (with mistakes) of the
+    env's train split, at every curriculum stage, plus the label alphabet."""
+    from reflectrl.config import ReflectRLConfig
+    from reflectrl.data.dataset import episode_steps
+    from reflectrl.data.demos import demonstrator_for
+    from reflectrl.data.writers import TemplateWriter
+    from reflectrl.envs.registry import make_text_env
+    from reflectrl.models.loading import default_cache_dir, smollm2_tokenizer
+    from reflectrl.rendering import PromptRenderer
+    from reflectrl.rollout_workers.vector_env import hash_seed
+
+    config = ReflectRLConfig.model_validate({"env": {"name": env_name}})
+    config.env.shuffle_options = True  # labels in every menu position
+    demo = demonstrator_for(env_name)
+    env = make_text_env(env_name, {**config.env.options, "split": demo.train_split})
+    # Counting tokens only decides whether a prompt must be shortened; any tokenizer will do.
+    renderer = PromptRenderer(config, smollm2_tokenizer(default_cache_dir()), env.max_actions)
+    rng = np.random.default_rng(CORPUS_SEED)
+    writer = TemplateWriter()
+    stages = list(env.stages)
+    yield "\n".join(config.policy.labels)
+    for e in range(episodes):
+        env.set_stage(stages[e % len(stages)])
+        obs, _ = env.reset(seed=hash_seed(CORPUS_SEED, e))
+        for step in episode_steps(config, env, obs, demo, renderer, writer, rng):
+            yield step.plain_prompt + step.label
+            yield step.policy_prompt + step.label
+            yield step.reflection_prompt + step.reflection
+
+
+def train_tokenizer(texts: Iterator[str], vocab_size: int = VOCAB_SIZE) -> Any:
+    """A GPT-2-style byte-level BPE (digits split one by one, so labels stay single tokens)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIALS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    eos, pad = SPECIALS
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token=eos, eos_token=eos, pad_token=pad, unk_token=None
+    )
+
+
+def build(out: Path, env_name: str) -> None:
+    """Write the env's tokenizer and a seeded random-init Llama over it into `out`."""
+    from reflectrl.models.loading import save_random_llama
+
+    save_random_llama(train_tokenizer(corpus(env_name)), out)

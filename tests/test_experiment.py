@@ -1,0 +1,131 @@
+"""`reflectrl experiment`: the grid, its resumption, its report and plots."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from reflectrl.errors import ConfigError
+from reflectrl.experiment.grid import load_spec, plan, status
+from reflectrl.experiment.results import mean_ci95, t95
+from tests.helpers import png_size, run_cli
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = str(REPO / "configs" / "smoke.yaml")
+# Smoke-size and no reflection server: data (4 episodes), 2 SFT steps, 1 RL iteration or none,
+# 1 held-out episode per decoding.
+SHORT = [
+    "data.episodes=4",
+    "sft.max_steps=2",
+    "run.iterations=1",
+    "eval.episodes=1",
+    "reflection.enabled=false",
+]
+
+
+def write_spec(path: Path, variants: dict[str, list[str]], seeds: list[int]) -> Path:
+    import yaml
+
+    spec = {"base": SMOKE, "set": SHORT, "seeds": seeds, "variants": variants}
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def test_t_interval_over_seeds() -> None:
+    assert mean_ci95([]) == {"n": 0, "mean": None, "ci95": None}
+    assert mean_ci95([0.5]) == {"n": 1, "mean": 0.5, "ci95": None}
+    stat = mean_ci95([0.8, 0.9, 1.0])  # sd 0.1, t(2) = 4.303
+    assert stat["mean"] == pytest.approx(0.9)
+    assert stat["ci95"] == pytest.approx([0.9 - 4.303 * 0.1 / 3**0.5, 0.9 + 4.303 * 0.1 / 3**0.5])
+    assert t95(11) == t95(10) and t95(100) == 1.96
+
+
+def test_bad_experiment_files_are_one_line_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("base: configs/nope.yaml\nvariants: {a: []}\n")
+    with pytest.raises(ConfigError, match=r"base configs/nope\.yaml does not exist"):
+        load_spec(bad)
+    bad.write_text(f"base: {SMOKE}\nvariants: {{'a b': []}}\n")
+    with pytest.raises(ConfigError, match="variant name 'a b'"):
+        load_spec(bad)
+    bad.write_text(f"base: {SMOKE}\nvariants: {{a: [ppo.nope=1]}}\n")
+    with pytest.raises(ConfigError, match="nope"):
+        plan(load_spec(bad), tmp_path / "out")  # every config is checked before any run
+    result = run_cli("experiment", str(tmp_path / "missing.yaml"))
+    assert result.returncode == 2 and "does not exist" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_run_dir_of_other_settings_is_refused_and_kept(tmp_path: Path) -> None:
+    from reflectrl.config import dump_config, load_config
+
+    spec = load_spec(write_spec(tmp_path / "e.yaml", {"a": []}, [0]))
+    (run,) = plan(spec, tmp_path / "out")
+    assert status(run, spec.base) == "new"
+    run.dir.mkdir(parents=True)
+    config = load_config(spec.base, run.overrides)
+    (run.dir / "config.yaml").write_text(dump_config(config))
+    assert status(run, spec.base) == "resume"  # started, no stage finished
+    other = dump_config(load_config(spec.base, [*run.overrides, "ppo.lr=0.5"]))
+    (run.dir / "config.yaml").write_text(other)
+    with pytest.raises(ConfigError, match="other settings"):
+        status(run, spec.base)
+    assert (run.dir / "config.yaml").read_text() == other
+
+
+@pytest.mark.integration
+def test_tiny_grid_writes_its_report_and_skips_finished_runs(tmp_path: Path) -> None:
+    variants = {"sft_only": ["rl.enabled=false"], "rl": []}
+    spec_file = write_spec(tmp_path / "tiny_grid.yaml", variants, [0, 1])
+    out = tmp_path / "out"
+    result = run_cli("experiment", str(spec_file), "--output", str(out), timeout=1200)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "2 variants x 2 seeds = 4 runs" in result.stdout
+    names = ["sft_only-seed0", "sft_only-seed1", "rl-seed0", "rl-seed1"]
+    for name in names:
+        assert (out / name / "stages" / "eval.json").is_file()
+        assert (out / "logs" / f"{name}.log").stat().st_size > 0
+        assert f"[{name}] [stage 1/" in result.stdout  # each run's progress, prefixed
+
+    # The RL run of each seed starts from the SFT-only run's data and SFT (same settings).
+    for seed in (0, 1):
+        assert f"rl-seed{seed}: data and SFT shared with sft_only-seed{seed}" in result.stdout
+        marker = json.loads((out / f"rl-seed{seed}" / "stages" / "sft.json").read_text())
+        assert marker["shared_from"] == f"sft_only-seed{seed}"
+        assert (out / f"rl-seed{seed}" / "sft" / "policy" / "sft_result.json").is_file()
+
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["variants"]) == set(variants)
+    for run in results["runs"]:
+        report = json.loads((out / f"{run['variant']}-seed{run['seed']}" / "eval_test.json")
+                            .read_text())  # fmt: skip
+        assert run["success_greedy"] == report["greedy"]["all"]["success_rate"]
+        assert run["success_sampled"] == report["sampled"]["all"]["success_rate"]
+        assert run["return_greedy"] == report["greedy"]["all"]["return_mean"]
+    for name, stat in results["variants"].items():
+        mine = [r for r in results["runs"] if r["variant"] == name]
+        mean = sum(r["success_greedy"] for r in mine) / 2
+        assert stat["success_greedy"]["mean"] == pytest.approx(mean)
+        assert stat["success_greedy"]["n"] == 2
+        table_row = next(
+            line for line in (out / "results.md").read_text().splitlines()
+            if line.startswith(f"| {name} |")
+        )  # fmt: skip
+        assert f"| {mean:.2f}" in table_row
+    rl_runs = [r for r in results["runs"] if r["variant"] == "rl"]
+    assert all(r["env_steps"] > 0 and r["rl_iterations"] == 1 for r in rl_runs)
+    assert all(r["env_steps"] == 0 for r in results["runs"] if r["variant"] == "sft_only")
+    for plot in ("learning_curves.png", "heldout_success.png", "curriculum.png"):
+        assert png_size(out / "plots" / plot) == (800, 450)
+    md = (out / "results.md").read_text()
+    assert "![plots/heldout_success.png](plots/heldout_success.png)" in md
+    assert re.search(r"Commit: `[0-9a-f]{40}`", md)
+
+    # A second call starts nothing: every run is finished.
+    again = run_cli("experiment", str(spec_file), "--output", str(out), timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("finished earlier; skipped") == 4
+    assert "run 1/" not in again.stdout
