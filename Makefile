@@ -1,4 +1,5 @@
-# Quick start: `make run` (installs if needed, then trains on the default config)
+# Quick start: `make run` (installs if needed, then trains on this machine's recipe:
+# configs/cpu.yaml without CUDA, configs/gpu.yaml with it)
 # and `make test` (installs if needed, then runs the test suite).
 PYTHON ?= python3.11
 VENV ?= .venv

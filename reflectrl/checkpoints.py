@@ -38,7 +38,8 @@ def write_checkpoint(
     final, tmp = root / name, root / f".{name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    algo.save_to_path(str(tmp / "rllib"))
+    # RLlib reads a relative path as a URI without a scheme and fails: always absolute.
+    algo.save_to_path(str((tmp / "rllib").resolve()))
     policy.save_adapter(tmp / "adapter")
     (tmp / STATE_FILE).write_text(json.dumps(state, indent=2))
     if final.exists():

@@ -279,7 +279,7 @@ class Run:
         return path
 
     def _restore(self, checkpoint: Path) -> None:
-        self.algo.restore_from_path(str(checkpoint / "rllib"))
+        self.algo.restore_from_path(str((checkpoint / "rllib").resolve()))  # not a URI
         state = read_state(checkpoint)
         self.iteration = int(state["iteration"])
         self.adapter_version = int(state["adapter_version"])

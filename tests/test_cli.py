@@ -121,3 +121,16 @@ def test_reflection_server_that_fails_to_start_shows_its_log(
     )  # fmt: skip
     assert_usage_error(result, f"cannot load model from {broken}")
     assert (tmp_path / "run2" / "stages" / "data.json").is_file()  # the data stage is kept
+
+
+def test_without_config_the_machine_picks_its_recipe_and_says_so() -> None:
+    """No CUDA here: the CPU recipe, named on the first line (the run itself stops at the bad
+    --workers, before anything starts)."""
+    import torch
+
+    result = reflectrl("launch", "--workers", "0")
+    recipe = "gpu.yaml" if torch.cuda.is_available() else "cpu.yaml"
+    first = result.stdout.splitlines()[0]
+    assert first.endswith(f"using the recipe {REPO / 'configs' / recipe} (pass --config FILE "
+                          "to choose another)")  # fmt: skip
+    assert_usage_error(result, "--workers 0")

@@ -101,25 +101,36 @@ def test_wait_ready_reports_early_death_with_log_line(
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return resolve_model("tiny", tmp_path_factory.mktemp("cache"))
+def scratch_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return resolve_model("scratch:dangerous_taxi", tmp_path_factory.mktemp("cache"))
 
 
 @pytest.mark.integration
 @needs_vllm
 def test_real_server_reflects_in_one_request_and_stops_cleanly(
-    tiny_model: Path, tmp_path: Path
+    scratch_model: Path, tmp_path: Path
 ) -> None:
-    server = VLLMServer(tiny_model, tmp_path / "server.log", served_model_name="tiny")
+    """On the CPU recipe's model (`scratch:<env>`, a 512-id tokenizer trained on Taxi text;
+    the SmolLM2-tokenizer `tiny` is served in the pipeline tests)."""
+    import httpx
+
+    from reflectrl.models.loading import load_tokenizer
+
+    server = VLLMServer(scratch_model, tmp_path / "server.log", served_model_name="tiny")
     with server:
         client = ReflectionClient(server.url, "tiny", max_tokens=8)
         assert client.health()
         prompts = [f"Step {i}: the taxi is at row {i}. # Analyze:\n" for i in range(4)]
+        # The server reads prompts with the model's own tokenizer.
+        body = {"model": "tiny", "prompt": prompts[0], "max_tokens": 1}
+        usage = httpx.post(f"{server.url}/completions", json=body, timeout=120).json()["usage"]
+        tokenizer = load_tokenizer(scratch_model)
+        assert usage["prompt_tokens"] == len(tokenizer.encode(prompts[0])) < len(prompts[0])
         out = client.reflect(prompts)
         assert len(out) == 4 and all(isinstance(text, str) for text in out)
         assert client.calls == 4 and client.requests == 1
         log = server.log_path.read_text()
-        assert log.count('"POST /v1/completions HTTP/1.1" 200') == 1
+        assert log.count('"POST /v1/completions HTTP/1.1" 200') == 2
         # Greedy decoding: one request per prompt gives the same texts, in the same order.
         alone = ReflectionClient(server.url, "tiny", max_tokens=8, mode="concurrent")
         assert alone.reflect(prompts) == out and alone.requests == 4
@@ -147,29 +158,3 @@ def test_bad_model_dir_fails_with_log_line(tmp_path: Path) -> None:
     assert "no_such_architecture" in message and str(tmp_path / "bad.log") in message
     assert "\n" not in message
     assert server.process is None
-
-
-@pytest.mark.integration
-@needs_vllm
-def test_real_server_serves_a_scratch_model_with_its_own_tokenizer(
-    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
-) -> None:
-    """The CPU recipe's models (`scratch:<env>`, a 512-id tokenizer trained on Taxi text) are
-    served by vLLM with that tokenizer: the server counts a Taxi prompt in our tokens."""
-    import httpx
-
-    from reflectrl import prompts
-    from reflectrl.envs.registry import make_text_env
-    from reflectrl.models.loading import load_tokenizer
-
-    model = resolve_model("scratch:dangerous_taxi", tmp_path_factory.mktemp("cache"))
-    tokenizer = load_tokenizer(model)
-    obs, _ = make_text_env("dangerous_taxi", {"split": "test"}).reset(seed=5)
-    prompt = prompts.reflection_prompt(obs)
-    with VLLMServer(model, tmp_path / "server.log", served_model_name="scratch") as server:
-        body = {"model": "scratch", "prompt": prompt, "max_tokens": 6, "temperature": 0.0}
-        reply = httpx.post(f"{server.url}/completions", json=body, timeout=120).json()
-        assert reply["usage"]["prompt_tokens"] == len(tokenizer.encode(prompt))
-        assert reply["usage"]["completion_tokens"] >= 1
-        text = reply["choices"][0]["text"]
-        assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text

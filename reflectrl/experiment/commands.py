@@ -5,27 +5,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 from reflectrl.experiment import plots
 from reflectrl.experiment.grid import PlannedRun, load_spec, plan, run_grid
-from reflectrl.experiment.results import aggregate, curve, markdown_table, run_summary
+from reflectrl.experiment.results import (
+    aggregate,
+    curve,
+    git_commit,
+    markdown_table,
+    run_summary,
+)
 
 PLOTS = ("learning_curves.png", "heldout_success.png", "curriculum.png")
-
-
-def git_commit() -> str | None:
-    """The commit of the code that ran (None outside a git checkout)."""
-    try:
-        done = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() or None
 
 
 def write_report(file: Path, output: Path, runs: list[PlannedRun], command: str) -> dict[str, Any]:
@@ -99,6 +93,17 @@ def _atomic_write(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+def command_line(args: argparse.Namespace) -> str:
+    """The command that reproduces this grid (what results.md says was run)."""
+    words = ["reflectrl", "experiment", str(args.file), "--workers", str(args.workers)]
+    for flag in ("output", "variants", "address"):
+        if getattr(args, flag):
+            words += [f"--{flag}", str(getattr(args, flag))]
+    if args.parallel != 1:
+        words += ["--parallel", str(args.parallel)]
+    return " ".join(words + (["--no-share"] if args.no_share else []))
+
+
 def run_experiment(args: argparse.Namespace) -> int:
     from reflectrl.errors import ConfigError
 
@@ -125,8 +130,7 @@ def run_experiment(args: argparse.Namespace) -> int:
     outcome = run_grid(
         spec, runs, output, args.workers, args.parallel, args.address, share=not args.no_share
     )
-    command = f"reflectrl experiment {file}" + (f" --output {args.output}" if args.output else "")
-    results = write_report(file, output, runs, command + f" --workers {args.workers}")
+    results = write_report(file, output, runs, command_line(args))
     print(markdown_table(results["variants"]))
     print(f"report: {output / 'results.md'}; plots: {output / 'plots'}")
     failed = {name: why for name, why in outcome.items() if why != "finished"}

@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from reflectrl.config import ReflectRLConfig, dump_config, load_config
 from reflectrl.errors import ConfigError
+from reflectrl.experiment.results import git_commit
 
 
 class ExperimentSpec(BaseModel):
@@ -179,6 +180,8 @@ def execute(run: PlannedRun, command: list[str], log: Path) -> int:
     """Run one launch, its output prefixed with the run's name and copied into `log`."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as sink:
+        # Which code made the run: the report may be written later, at another commit.
+        sink.write(f"# commit {git_commit()}: {' '.join(command)}\n")
         # An argument list, never a shell: nothing in a config reaches a shell.
         child = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,17 @@ def mean_ci95(values: list[float]) -> dict[str, Any]:
         return {"n": 1, "mean": mean, "ci95": None}
     half = t95(n - 1) * statistics.stdev(values) / math.sqrt(n)
     return {"n": n, "mean": mean, "ci95": [mean - half, mean + half]}
+
+
+def git_commit() -> str | None:
+    """The commit of the code that ran (None outside a git checkout)."""
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
