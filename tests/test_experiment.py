@@ -41,6 +41,7 @@ def test_t_interval_over_seeds() -> None:
     assert stat["mean"] == pytest.approx(0.9)
     assert stat["ci95"] == pytest.approx([0.9 - 4.303 * 0.1 / 3**0.5, 0.9 + 4.303 * 0.1 / 3**0.5])
     assert t95(11) == t95(10) and t95(100) == 1.96
+    assert mean_ci95([0.8, 0.9, 1.0], (0.0, 1.0))["ci95"] == pytest.approx([0.6516, 1.0], abs=1e-4)
 
 
 def test_bad_experiment_files_are_one_line_errors(tmp_path: Path) -> None:
@@ -57,6 +58,11 @@ def test_bad_experiment_files_are_one_line_errors(tmp_path: Path) -> None:
     result = run_cli("experiment", str(tmp_path / "missing.yaml"))
     assert result.returncode == 2 and "does not exist" in result.stderr
     assert "Traceback" not in result.stderr
+    good = write_spec(tmp_path / "good.yaml", {"a": [], "b": []}, [0])
+    result = run_cli("experiment", str(good), "--variants", "a,nope")
+    assert result.returncode == 2 and "--variants: nope not in" in result.stderr
+    assert "(it has a, b)" in result.stderr
+    assert not (REPO / "experiments" / "runs" / "good").exists()  # nothing started
 
 
 def test_a_run_dir_of_other_settings_is_refused_and_kept(tmp_path: Path) -> None:
@@ -81,6 +87,15 @@ def test_tiny_grid_writes_its_report_and_skips_finished_runs(tmp_path: Path) -> 
     variants = {"sft_only": ["rl.enabled=false"], "rl": []}
     spec_file = write_spec(tmp_path / "tiny_grid.yaml", variants, [0, 1])
     out = tmp_path / "out"
+    # --report-only starts nothing: every run is reported as not finished.
+    result = run_cli("experiment", str(spec_file), "--output", str(out), "--report-only")
+    assert result.returncode == 0, result.stderr[-3000:]
+    empty = json.loads((out / "results.json").read_text())
+    assert [r["finished"] for r in empty["runs"]] == [False] * 4
+    assert empty["variants"]["rl"]["missing_seeds"] == [0, 1]
+    assert "| rl | 0 (2 missing) | n/a |" in (out / "results.md").read_text()
+    assert not (out / "rl-seed0").exists()
+
     result = run_cli("experiment", str(spec_file), "--output", str(out), timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "2 variants x 2 seeds = 4 runs" in result.stdout

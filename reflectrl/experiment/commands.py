@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from reflectrl.errors import ConfigError
 from reflectrl.experiment import plots
 from reflectrl.experiment.grid import PlannedRun, load_spec, plan, run_grid
 from reflectrl.experiment.results import (
@@ -96,40 +97,49 @@ def _atomic_write(path: Path, text: str) -> None:
 def command_line(args: argparse.Namespace) -> str:
     """The command that reproduces this grid (what results.md says was run)."""
     words = ["reflectrl", "experiment", str(args.file), "--workers", str(args.workers)]
-    for flag in ("output", "variants", "address"):
+    for flag in ("output", "variants", "seeds", "address"):
         if getattr(args, flag):
             words += [f"--{flag}", str(getattr(args, flag))]
     if args.parallel != 1:
         words += ["--parallel", str(args.parallel)]
-    return " ".join(words + (["--no-share"] if args.no_share else []))
+    words += ["--no-share"] if args.no_share else []
+    return " ".join(words + (["--report-only"] if args.report_only else []))
+
+
+def pick(chosen: str | None, names: Any, flag: str, file: Path) -> list[str]:
+    """The comma-separated subset `chosen` of `names` (all of them when None)."""
+    if not chosen:
+        return list(names)
+    wanted = chosen.split(",")
+    unknown = [name for name in wanted if name not in names]
+    if unknown:
+        raise ConfigError(f"{flag}: {', '.join(unknown)} not in {file} (it has {', '.join(names)})")
+    return wanted
 
 
 def run_experiment(args: argparse.Namespace) -> int:
-    from reflectrl.errors import ConfigError
-
     if args.workers < 1 or args.parallel < 1:
         raise ConfigError("--workers and --parallel must be at least 1")
     file = Path(args.file)
     spec = load_spec(file)
     output = Path(args.output or Path("experiments") / "runs" / file.stem)
-    if args.variants:
-        wanted = args.variants.split(",")
-        unknown = sorted(set(wanted) - set(spec.variants))
-        if unknown:
-            raise ConfigError(
-                f"--variants: {', '.join(unknown)} not in {file} "
-                f"(it has {', '.join(spec.variants)})"
-            )
-        spec.variants = {name: spec.variants[name] for name in wanted}
+    spec.variants = {
+        name: spec.variants[name] for name in pick(args.variants, spec.variants, "--variants", file)
+    }
+    spec.seeds = [
+        int(seed) for seed in pick(args.seeds, [str(s) for s in spec.seeds], "--seeds", file)
+    ]
     runs = plan(spec, output)
     print(
         f"experiment {file}: {len(spec.variants)} variants x {len(spec.seeds)} seeds = "
         f"{len(runs)} runs in {output}",
         flush=True,
     )
-    outcome = run_grid(
-        spec, runs, output, args.workers, args.parallel, args.address, share=not args.no_share
-    )
+    outcome: dict[str, str] = {}
+    if not args.report_only:
+        outcome = run_grid(
+            spec, runs, output, args.workers, args.parallel, args.address, share=not args.no_share
+        )
     results = write_report(file, output, runs, command_line(args))
     print(markdown_table(results["variants"]))
     print(f"report: {output / 'results.md'}; plots: {output / 'plots'}")
@@ -162,5 +172,11 @@ def add_commands(sub: Any) -> None:
     )
     parser.add_argument(
         "--variants", help="comma-separated variants to run (default: all of the file)"
+    )
+    parser.add_argument("--seeds", help="comma-separated seeds to run (default: all of the file)")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="start nothing: write the report from the runs that finished so far",
     )
     parser.set_defaults(handler=run_experiment)

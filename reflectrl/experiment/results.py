@@ -20,6 +20,8 @@ T95 = {
     10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042,
 }  # fmt: skip
 PIPELINE_ORDER = ("data", "sft", "rl", "eval")
+NO_BOUNDS = (-math.inf, math.inf)
+BOUNDS = {"success_greedy": (0.0, 1.0), "success_sampled": (0.0, 1.0), "env_steps": (0, math.inf)}
 METRICS = ("success_greedy", "success_sampled", "return_greedy", "env_steps", "wall_s")
 
 
@@ -29,8 +31,11 @@ def t95(df: int) -> float:
     return T95[max(k for k in T95 if k <= df)]  # conservative between table entries
 
 
-def mean_ci95(values: list[float]) -> dict[str, Any]:
-    """Mean and its 95% t-interval over `values` (seeds); no interval from a single value."""
+def mean_ci95(
+    values: list[float], bounds: tuple[float, float] = (-math.inf, math.inf)
+) -> dict[str, Any]:
+    """Mean and its 95% t-interval over `values` (seeds), cut to the metric's `bounds` (a rate
+    stays in [0, 1]); no interval from a single value."""
     n = len(values)
     if n == 0:
         return {"n": 0, "mean": None, "ci95": None}
@@ -38,7 +43,8 @@ def mean_ci95(values: list[float]) -> dict[str, Any]:
     if n == 1:
         return {"n": 1, "mean": mean, "ci95": None}
     half = t95(n - 1) * statistics.stdev(values) / math.sqrt(n)
-    return {"n": n, "mean": mean, "ci95": [mean - half, mean + half]}
+    low, high = bounds
+    return {"n": n, "mean": mean, "ci95": [max(low, mean - half), min(high, mean + half)]}
 
 
 def git_commit() -> str | None:
@@ -110,7 +116,7 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "seeds": [r["seed"] for r in done],
         "missing_seeds": [r["seed"] for r in runs if not r["finished"]],
-        **{m: mean_ci95([float(r[m]) for r in done]) for m in METRICS},
+        **{m: mean_ci95([float(r[m]) for r in done], BOUNDS.get(m, NO_BOUNDS)) for m in METRICS},
     }
 
 
