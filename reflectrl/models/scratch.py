@@ -2,7 +2,7 @@
 and a small random-init Llama over that vocabulary (`policy.model: scratch:<env>`).
 
 Why: on a CPU the embedding and LM head over a 49k-id vocabulary dominate a tiny model's cost
-(~10x the rest); a few hundred ids trained on the text the env really shows keep a 0.5M-param
+(~10x the rest); a few hundred ids trained on the text the env really shows keep a 0.4M-param
 model fast enough to learn Taxi in minutes. Both players stay ordinary HF model directories
 (`tokenizer.json` + safetensors) that transformers, peft and vLLM load like any other.
 
