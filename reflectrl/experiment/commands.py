@@ -123,6 +123,8 @@ def run_experiment(args: argparse.Namespace) -> int:
     file = Path(args.file)
     spec = load_spec(file)
     output = Path(args.output or Path("experiments") / "runs" / file.stem)
+    # Every run of the file may lend its data and SFT, also to a run outside --variants/--seeds.
+    donors = plan(spec, output)
     spec.variants = {
         name: spec.variants[name] for name in pick(args.variants, spec.variants, "--variants", file)
     }
@@ -138,7 +140,14 @@ def run_experiment(args: argparse.Namespace) -> int:
     outcome: dict[str, str] = {}
     if not args.report_only:
         outcome = run_grid(
-            spec, runs, output, args.workers, args.parallel, args.address, share=not args.no_share
+            spec,
+            runs,
+            output,
+            args.workers,
+            args.parallel,
+            args.address,
+            share=not args.no_share,
+            donors=donors,
         )
     results = write_report(file, output, runs, command_line(args))
     print(markdown_table(results["variants"]))

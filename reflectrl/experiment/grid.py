@@ -143,7 +143,7 @@ def share_warm_start(runs: list[PlannedRun], run: PlannedRun, base: str) -> Plan
     config = load_config(base, run.overrides)
     key = warm_start_key(config)
     for donor in runs:
-        if key is None or donor is run:
+        if key is None or donor == run:
             continue
         if not all(stage_done(donor.dir, stage) for stage in ("data", "sft")):
             continue
@@ -203,8 +203,10 @@ def run_grid(
     parallel: int = 1,
     address: str | None = None,
     share: bool = True,
+    donors: list[PlannedRun] | None = None,
 ) -> dict[str, Any]:
-    """Run what is not finished; returns {run name: 'finished' | 'failed (exit N)'}."""
+    """Run what is not finished; returns {run name: 'finished' | 'failed (exit N)'}. A new run
+    may start from the data and SFT of any finished run of `donors` (default: `runs`)."""
     todo = []
     outcome: dict[str, Any] = {}
     for run in runs:
@@ -219,7 +221,7 @@ def run_grid(
     def one(item: tuple[int, tuple[PlannedRun, str]]) -> None:
         number, (run, how) = item
         if how == "new" and share:
-            donor = share_warm_start(runs, run, spec.base)
+            donor = share_warm_start(donors or runs, run, spec.base)
             if donor is not None:
                 how = "resume"
                 with _print_lock:
