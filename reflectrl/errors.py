@@ -15,3 +15,11 @@ class ModelLoadError(ReflectRLError):
 
 class ReflectionServerError(ReflectRLError):
     """The reflection server could not be started or reached."""
+
+
+class CheckpointError(ReflectRLError):
+    """A checkpoint could not be written (the previous one stays the latest)."""
+
+
+class LearnerDiedError(ReflectRLError):
+    """A learner actor died; RLlib does not restart learners, so the run stops."""

@@ -16,9 +16,10 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 
+from reflectrl.algorithm import build_ppo_config
 from reflectrl.config import ReflectRLConfig
-from reflectrl.launch import build_ppo_config
 from reflectrl.preflight import preflight
+from reflectrl.reflection.endpoint import ReflectionEndpoint
 
 
 @dataclass
@@ -70,13 +71,13 @@ def ppo_update(learner: Any, ppo_config: Any, episodes: list[Any]) -> dict[str, 
 def in_process_ppo_config(
     config: ReflectRLConfig,
     *,
-    reflection_url: str | None = None,
+    reflection: ReflectionEndpoint | None = None,
     learner_class: type | None = None,
     model_overrides: dict[str, Any] | None = None,
 ) -> Any:
     """The run's PPOConfig for one rollout worker. `learner_class` and `model_overrides`
     (RLModule model_config keys) build other variants, e.g. RLlib's stock PPO learner."""
-    ppo_config = build_ppo_config(config, preflight(config), 1, reflection_url)
+    ppo_config = build_ppo_config(config, preflight(config), 1, reflection)
     if learner_class is not None:
         ppo_config = ppo_config.learners(learner_class=learner_class)
     if model_overrides:
@@ -95,7 +96,7 @@ def build_learner(ppo_config: Any, env: Any) -> Any:
 def build_in_process(
     config: ReflectRLConfig,
     *,
-    reflection_url: str | None = None,
+    reflection: ReflectionEndpoint | None = None,
     learner_class: type | None = None,
     model_overrides: dict[str, Any] | None = None,
 ) -> InProcess:
@@ -103,7 +104,7 @@ def build_in_process(
     starts from the same weights."""
     ppo_config = in_process_ppo_config(
         config,
-        reflection_url=reflection_url,
+        reflection=reflection,
         learner_class=learner_class,
         model_overrides=model_overrides,
     )

@@ -14,108 +14,40 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.rllib.algorithms.ppo import PPOConfig
+import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
-from ray.rllib.core.rl_module.rl_module import RLModuleSpec
-from ray.tune.registry import register_env
 
+from reflectrl import rng_state
+from reflectrl.algorithm import build_ppo_config
 from reflectrl.checkpoints import read_state, write_checkpoint
 from reflectrl.config import ReflectRLConfig, dump_config
 from reflectrl.coordinator import CoordinatorCallback, Curriculum
 from reflectrl.envs.registry import make_text_env
-from reflectrl.errors import ReflectionServerError
+from reflectrl.errors import LearnerDiedError, ReflectionServerError
 from reflectrl.evaluation.runner import Evaluator, PolicySource
-from reflectrl.learner.ppo_learner import ReflectRLPPOLearner
-from reflectrl.learner.rl_module import ReflectRLModule, state_nbytes
+from reflectrl.learner.rl_module import POLICY_PREFIX, state_nbytes
 from reflectrl.metrics import MetricsSink, format_progress
-from reflectrl.preflight import PolicySpec, check_run
+from reflectrl.models.policy import OptionPolicy, lora_config, save_adapter_state
+from reflectrl.preflight import check_run
+from reflectrl.progress import Heartbeat, start_progress_board
+from reflectrl.reflection.actor import ReflectionServers
+from reflectrl.reflection.endpoint import ReflectionEndpoint
 from reflectrl.rollout_workers.error_sink import start_error_sink
-from reflectrl.rollout_workers.runner_env import env_config_for, make_vector_env
 from reflectrl.worker_failures import WorkerFailureWatch
 
 logger = logging.getLogger(__name__)
-
-ENV_ID = "reflectrl_vector_env"
-
-
-def build_ppo_config(
-    config: ReflectRLConfig,
-    spec: PolicySpec,
-    workers: int,
-    reflection_url: str | None,
-    error_sink: str | None = None,
-) -> PPOConfig:
-    ppo, policy = config.ppo, config.policy
-    lora = policy.lora
-    train_batch = ppo.batch_size(workers, config.env.envs_per_worker)
-    # RLlib takes a registered name; the name lives in Ray's KV store, so workers find it.
-    register_env(ENV_ID, make_vector_env)
-    return (
-        PPOConfig()
-        .environment(env=ENV_ID, env_config=env_config_for(config, reflection_url, error_sink))
-        .env_runners(
-            num_env_runners=workers,
-            num_envs_per_env_runner=config.env.envs_per_worker,
-            gym_env_vectorize_mode="vector_entry_point",
-            # The driver holds the learner's copy of the LM; no second one for sampling.
-            create_local_env_runner=False,
-            # Explicit: "auto" is batch / (workers x envs), 1-2 steps per env with many workers,
-            # so almost every chunk would be cut and bootstrapped from the critic.
-            rollout_fragment_length=ppo.rollout_fragment_length,
-            sample_timeout_s=config.run.sample_timeout_s,
-            num_cpus_per_env_runner=1,
-        )
-        .learners(
-            num_learners=0,
-            num_gpus_per_learner=config.run.num_gpus_per_learner,
-            learner_class=ReflectRLPPOLearner,
-        )
-        .training(
-            lr=ppo.lr,
-            gamma=ppo.gamma,
-            lambda_=ppo.lambda_,
-            clip_param=ppo.clip_param,
-            vf_clip_param=ppo.vf_clip_param,
-            vf_loss_coeff=ppo.vf_loss_coeff,
-            entropy_coeff=ppo.entropy_coeff,
-            use_kl_loss=ppo.kl_coeff > 0,
-            kl_coeff=ppo.kl_coeff,
-            num_epochs=ppo.num_epochs,
-            minibatch_size=ppo.minibatch_size,
-            train_batch_size_per_learner=train_batch,
-            grad_clip=ppo.grad_clip,
-        )
-        .rl_module(
-            rl_module_spec=RLModuleSpec(
-                module_class=ReflectRLModule,
-                model_config={
-                    "model_dir": str(spec.model_dir),
-                    "label_token_ids": spec.label_token_ids,
-                    "lora_r": lora.r,
-                    "lora_alpha": lora.alpha,
-                    "lora_target_modules": list(lora.target_modules),
-                    "seed": config.run.seed,
-                    "micro_batch_size": policy.micro_batch_size,
-                    "trim_padding": policy.trim_padding,
-                    "values_from_rollouts": policy.values_from_rollouts,
-                    "gradient_checkpointing": policy.gradient_checkpointing,
-                    "init_adapter": policy.init_adapter,
-                },
-            )
-        )
-        .callbacks(CoordinatorCallback)
-        .fault_tolerance(
-            restart_failed_env_runners=config.run.restart_failed_workers,
-            delay_between_env_runner_restarts_s=config.run.worker_restart_delay_s,
-        )
-        .debugging(seed=config.run.seed, log_level="WARN")
-    )
 
 
 class Run:
     """One training run: the algorithm, its run directory and its progress."""
 
-    def __init__(self, config: ReflectRLConfig, run_dir: Path, workers: int) -> None:
+    def __init__(
+        self,
+        config: ReflectRLConfig,
+        run_dir: Path,
+        workers: int,
+        servers: ReflectionServers | None = None,
+    ) -> None:
         self.config = config
         self.spec = check_run(config, workers)
         self.last_saved = -1
@@ -124,11 +56,15 @@ class Run:
         self.run_dir = run_dir
         self.workers = workers
         self.iteration = 0
-        self.reflection_actor: Any = None
-        self.reflection_url: str | None = None
+        # The local reflection replicas: the pipeline's (shared with its eval stage), or our own.
+        self.servers = servers if servers is not None else ReflectionServers()
+        self.own_servers = servers is None
+        self.reflection: ReflectionEndpoint | None = None
         self.algo: Any = None
         self.evaluator: Evaluator | None = None  # held-out eval every `eval.every` iterations
         self.error_sink: Any = None
+        self.progress_board: Any = None
+        self.heartbeat: Heartbeat | None = None  # phase, env steps, minibatches within an iteration
         self.sink: MetricsSink | None = None
         self.failures = WorkerFailureWatch(config.run.max_failed_iterations)
 
@@ -139,17 +75,24 @@ class Run:
             (self.run_dir / "config.yaml").write_text(dump_config(self.config))
         r = self.config.reflection
         if r.enabled and r.server == "local":
-            from reflectrl.reflection.actor import start_reflection_actor
-
             served = r.model + (f" + adapter {r.adapter}" if r.adapter else "")
-            print(f"starting the reflection server ({served}); log: {self.log_path}", flush=True)
-            self.reflection_actor, self.reflection_url = start_reflection_actor(r, self.log_path)
+            copies = f"{r.replicas} replicas" if r.replicas > 1 else "1 replica"
+            print(f"starting the reflection server ({served}; {copies}); log: {self.log_path}")
+            self.reflection = self.servers.start(r, self.log_path)
         elif r.enabled:
-            self.reflection_url = r.url
-        sink_name = f"reflectrl-errors-{uuid.uuid4().hex[:12]}"
+            self.reflection = ReflectionEndpoint.external(r)
+        run_id = uuid.uuid4().hex[:12]
+        sink_name, board_name = f"reflectrl-errors-{run_id}", f"reflectrl-progress-{run_id}"
         self.error_sink = start_error_sink(sink_name)
+        self.progress_board = start_progress_board(board_name)
+        self.heartbeat = Heartbeat(
+            self.progress_board,
+            self.config.run.iterations,
+            self.config.ppo.batch_size(self.workers, self.config.env.envs_per_worker),
+            every_s=self.config.run.heartbeat_s,
+        )
         self.algo = build_ppo_config(
-            self.config, self.spec, self.workers, self.reflection_url, sink_name
+            self.config, self.spec, self.workers, self.reflection, sink_name, board_name
         ).build_algo()
         callback = self.coordinator
         stages = make_text_env(self.config.env.name, self.config.env.options).stages
@@ -162,7 +105,7 @@ class Run:
             self.run_dir, resume_from=self.iteration if resume_from is not None else None
         )
         if self.config.eval.every:
-            self.evaluator = Evaluator(self.config, self.reflection_url, self.workers)
+            self.evaluator = Evaluator(self.config, self.reflection, self.workers)
 
     @property
     def log_path(self) -> Path:
@@ -183,9 +126,20 @@ class Run:
 
     def train_iteration(self) -> dict[str, Any]:
         started = time.perf_counter()
+        assert self.heartbeat is not None
+        self.heartbeat.start(self.iteration + 1)
         with self.failures:
-            result = self.algo.train()
+            try:
+                result = self.algo.train()
+            except ray.exceptions.RayActorError as err:
+                if self.config.run.num_learners == 0:  # no learner actors: not a learner's
+                    raise
+                raise self._learner_died(err) from None
+            finally:
+                self.heartbeat.stop()
         seconds = time.perf_counter() - started
+        board = ray.get(self.progress_board.snapshot.remote())
+        sampling_s = seconds if board["sampling_s"] is None else min(board["sampling_s"], seconds)
         self.iteration += 1
         ours = result.get("reflectrl", {})
         restarted = int(ours.get("restarted_workers", 0)) - self.restarts_seen
@@ -212,10 +166,14 @@ class Run:
             "reflection_calls": totals.get("reflection_calls", 0),
             "env_steps_per_s": steps / seconds if seconds > 0 else 0.0,
             "iteration_s": seconds,
+            # What binds: sampling (rollout workers, reflections) vs the update (learners).
+            "sample_s": sampling_s,
+            "update_s": seconds - sampling_s,
             "weight_sync_bytes": self.weight_sync_bytes(),
             "adapter_version": self.adapter_version,
             "updated": updated,
             "restarted_workers": ours.get("restarted_workers", 0),
+            "reflection_restarts": self.reflection_restarts(),
             "truncated_prompts": totals.get("truncated_prompts", 0),
             "clipped_reflection_prompts": totals.get("clipped_reflection_prompts", 0),
             "policy_loss": _scalar(learner.get("policy_loss")),
@@ -233,10 +191,7 @@ class Run:
     def evaluate_now(self) -> dict[str, Any]:
         """Held-out success of the learner's current weights (the `eval_*` metrics)."""
         assert self.evaluator is not None
-        state = {
-            k: v.detach().cpu() for k, v in self.learner_module().policy.trainable_state().items()
-        }
-        report = self.evaluator.run(PolicySource(state=state))
+        report = self.evaluator.run(PolicySource(state=self.policy_state()))
         greedy, sampled = report["greedy"]["all"], report["sampled"]["all"]
         return {
             "eval_success_rate": greedy["success_rate"],
@@ -245,24 +200,87 @@ class Run:
             "eval_length_mean": greedy["length_mean"],
         }
 
+    def _learner_died(self, err: BaseException) -> LearnerDiedError:
+        """RLlib does not restart learner actors (their DDP group cannot take a newcomer)."""
+        cause = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+        saved = (
+            f"checkpoint iter_{self.last_saved:06d} is the latest"
+            if self.last_saved > 0
+            else ("no checkpoint was written yet")
+        )
+        return LearnerDiedError(
+            f"a learner actor died in iteration {self.iteration + 1} ({type(err).__name__}: "
+            f"{cause}); RLlib does not restart learners, so the run stopped; {saved}; continue "
+            f"with `reflectrl launch --resume {self.run_dir}`"
+        )
+
     def _check_reflection_alive(self) -> None:
-        """Workers crashed: if the reflection server is gone, stop with a clear error."""
-        if not (self.config.reflection.enabled and self.reflection_url):
+        """Workers crashed: if a reflection server is gone for good, stop with a clear error.
+        (A local replica that died is restarted by Ray; this waits for it.)"""
+        if self.reflection is None:
             return
         from reflectrl.rollout_workers.runner_env import make_reflection_client
 
-        if not make_reflection_client(self.config, self.reflection_url, 0).health():
-            raise ReflectionServerError(
-                f"the reflection server at {self.reflection_url} stopped answering and rollout "
-                f"workers failed; see {self.log_path} (local server) and restart with --resume"
-            )
+        client = make_reflection_client(self.config, self.reflection, 0)
+        for replica in range(len(self.reflection.urls)):
+            client.use_replica(replica)
+            if client.locate is not None:
+                client.base_url = client.locate(replica)  # waits for a restart, or raises
+            if not client.health():
+                raise ReflectionServerError(
+                    f"the reflection server at {client.base_url} stopped answering and rollout "
+                    f"workers failed; see {self.log_path} (local server) and restart with --resume"
+                )
+
+    def reflection_restarts(self) -> int:
+        """How many times Ray restarted a reflection replica in this run."""
+        return self.servers.restarts()
+
+    @property
+    def reflection_actors(self) -> list[Any]:
+        return self.servers.actors
+
+    def learner_rng_states(self) -> dict[str, Any]:
+        """Every learner's process streams, by DDP rank (0 for a single learner)."""
+        results = self.algo.learner_group.foreach_learner(lambda _: (_rank(), rng_state.capture()))
+        return {str(rank): state for rank, state in (r.get() for r in results)}
+
+    def restore_learner_rng_states(self, states: dict[str, Any]) -> None:
+        self.algo.learner_group.foreach_learner(lambda _: rng_state.restore(states[str(_rank())]))
+
+    def module_state(self) -> dict[str, Any]:
+        """The learner's module state (LoRA + value head + weights version, numpy), read
+        through the learner group's public API: the same call for a learner in the driver
+        and for learner actors on other nodes (they hold equal weights under DDP)."""
+        weights = self.algo.learner_group.get_weights(module_ids=[DEFAULT_MODULE_ID])
+        return weights[DEFAULT_MODULE_ID]
+
+    def policy_state(self) -> dict[str, torch.Tensor]:
+        """The learner's `OptionPolicy.trainable_state()`, as CPU tensors."""
+        return {
+            k.removeprefix(POLICY_PREFIX): torch.tensor(v)
+            for k, v in self.module_state().items()
+            if k.startswith(POLICY_PREFIX)
+        }
+
+    def policy_copy(self) -> OptionPolicy:
+        """A copy of the learner's current policy in this process (e.g. to evaluate it here);
+        `policy.load_trainable_state(run.policy_state())` brings it up to date later."""
+        lora = self.config.policy.lora
+        policy = OptionPolicy(
+            self.spec.model_dir,
+            self.spec.label_token_ids,
+            lora_r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_target_modules=lora.target_modules,
+            seed=self.config.run.seed,
+        )
+        policy.load_trainable_state(self.policy_state())
+        return policy
 
     def weight_sync_bytes(self) -> int:
         """Bytes sent to each rollout worker per sync (the LoRA tensors only)."""
-        return state_nbytes(self.learner_module().get_state(inference_only=True))
-
-    def learner_module(self) -> ReflectRLModule:
-        return self.algo.learner_group._learner.module[DEFAULT_MODULE_ID]
+        return state_nbytes(self.module_state())
 
     # -- checkpoints ---------------------------------------------------------------------
     def save(self) -> Path:
@@ -270,11 +288,21 @@ class Run:
             "iteration": self.iteration,
             "env_steps": self.env_steps,
             "adapter_version": self.adapter_version,
+            # Each learner's process streams (NumPy's shuffles the minibatches).
+            "learner_rng": self.learner_rng_states(),
             # curriculum, run totals, each worker's env random streams
             **self.coordinator.state_dict(),
         }
-        policy = self.learner_module().policy
-        path = write_checkpoint(self.run_dir, self.iteration, self.algo, policy, state)
+        lora = self.config.policy.lora
+        peft_config = lora_config(lora.r, lora.alpha, lora.target_modules, self.spec.model_dir)
+        policy_state = self.policy_state()
+        path = write_checkpoint(
+            self.run_dir,
+            self.iteration,
+            self.algo,
+            lambda directory: save_adapter_state(policy_state, peft_config, directory),
+            state,
+        )
         self.last_saved = self.iteration
         return path
 
@@ -284,6 +312,9 @@ class Run:
         self.iteration = int(state["iteration"])
         self.adapter_version = int(state["adapter_version"])
         self.coordinator.load_state_dict(state)
+        saved_rng = state.get("learner_rng", {})
+        if len(saved_rng) == max(1, self.config.run.num_learners):  # same learners as before
+            self.restore_learner_rng_states(saved_rng)
         self.restarts_seen = self.coordinator.restarted_workers
         self.last_saved = self.iteration
 
@@ -296,16 +327,17 @@ class Run:
             self.evaluator = None
         if self.algo is not None:
             self.algo.stop()
-        if self.reflection_actor is not None:
-            try:
-                ray.get(self.reflection_actor.stop.remote(), timeout=60)
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as err:
-                logger.warning("reflection server actor was already gone: %s", type(err).__name__)
-            ray.kill(self.reflection_actor)
-            self.reflection_actor = None
-        if self.error_sink is not None:
-            ray.kill(self.error_sink)
-            self.error_sink = None
+        if self.own_servers:
+            self.servers.stop()
+        for actor in (self.error_sink, self.progress_board):
+            if actor is not None:
+                ray.kill(actor)
+        self.error_sink = self.progress_board = None
+
+
+def _rank() -> int:
+    """This learner's DDP rank (0 without DDP)."""
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
 
 
 def _scalar(value: Any) -> float | None:
@@ -315,10 +347,16 @@ def _scalar(value: Any) -> float | None:
         return None
 
 
-def train(config: ReflectRLConfig, run_dir: Path, workers: int, resume_from: Path | None) -> Run:
+def train(
+    config: ReflectRLConfig,
+    run_dir: Path,
+    workers: int,
+    resume_from: Path | None,
+    servers: ReflectionServers | None = None,
+) -> Run:
     """The RL stage on a running Ray: iterations until `run.iterations`, one progress line
     each; what was learned is saved on every exit, also on Ctrl-C or a failure."""
-    run = Run(config, run_dir, workers)
+    run = Run(config, run_dir, workers, servers)
     failure: BaseException | None = None
     try:
         run.start(resume_from)
@@ -333,8 +371,10 @@ def train(config: ReflectRLConfig, run_dir: Path, workers: int, resume_from: Pat
         failure = err
     # Outside the except block on purpose: Ray and RLlib log with exc_info while shutting down,
     # which would print the failure's traceback above its one-line message.
+    # A dead learner holds the weights: nothing left to save (the last checkpoint stands).
+    unsaved = run.algo is not None and run.iteration > 0 and run.last_saved != run.iteration
     try:
-        if run.algo is not None and run.iteration > 0 and run.last_saved != run.iteration:
+        if unsaved and not isinstance(failure, LearnerDiedError):
             print(f"saved {run.save()}", flush=True)
     finally:
         run.close()

@@ -26,6 +26,9 @@ GAUGES = (
     "weight_sync_bytes",
     "adapter_version",
     "restarted_workers",
+    "reflection_restarts",
+    "sample_s",
+    "update_s",
 )
 
 
@@ -79,6 +82,8 @@ def format_progress(row: dict[str, Any], total: int, eta_s: float | None = None)
         line += "  NO POLICY UPDATE this iteration"
     if row["restarted_workers"]:  # RLlib restarts crashed workers silently: say so
         line += f"  RESTARTED WORKERS {row['restarted_workers']} (see the Ray logs)"
+    if row.get("reflection_restarts"):
+        line += f"  REFLECTION SERVER RESTARTS {row['reflection_restarts']} (see its log)"
     return line
 
 

@@ -26,8 +26,10 @@ import ray
 from reflectrl.checkpoints import latest_checkpoint
 from reflectrl.config import ReflectRLConfig, dump_config, load_config
 from reflectrl.errors import ConfigError, ReflectRLError
+from reflectrl.node_files import Packed, pack_dir, unpack_dir
 from reflectrl.preflight import check_run, preflight
 from reflectrl.ray_cluster import init_ray
+from reflectrl.reflection.actor import ReflectionServers
 
 STAGES_DIR = "stages"
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", STAGES_DIR)
@@ -147,6 +149,8 @@ class StageContext:
     run_dir: Path
     workers: int
     resume_from: Path | None
+    # The local reflection servers, shared by the rl and eval stages.
+    servers: ReflectionServers = field(default_factory=ReflectionServers)
 
 
 def data_stage(ctx: StageContext) -> dict[str, Any]:
@@ -170,14 +174,30 @@ def use_all_cores() -> int:
 
 
 def train_on_node(
-    config: ReflectRLConfig, data: Path, player: str, out: Path, lines: Any
+    config: ReflectRLConfig,
+    data: Path,
+    player: str,
+    out: Path,
+    lines: Any,
+    driver_node: str,
+    data_files: Packed,
 ) -> dict[str, Any]:
     """`train_player` in a Ray task; its progress lines go to the `lines` queue (the driver
-    prints them: Ray does not forward task output here)."""
+    prints them: Ray does not forward task output here). On another node than the driver's,
+    it trains from a copy of the data and returns the trained folder's files."""
+    import functools
+    import tempfile
+
     from reflectrl.sft.trainer import train_player
 
     use_all_cores()
-    return train_player(config, data, player, out, emit=lines.put)  # type: ignore[arg-type]
+    train = functools.partial(train_player, config, player=player, emit=lines.put)
+    node = ray.get_runtime_context().get_node_id()
+    if node == driver_node:
+        return {"result": train(data_dir=data, out=out), "files": None, "node": node}
+    with tempfile.TemporaryDirectory() as tmp:
+        result = train(data_dir=unpack_dir(data_files, Path(tmp) / "data"), out=Path(tmp) / "out")
+        return {"result": result, "files": pack_dir(Path(tmp) / "out" / player), "node": node}
 
 
 def wait_printing(ref: Any, lines: Any) -> Any:
@@ -197,16 +217,27 @@ def sft_stage(ctx: StageContext) -> dict[str, Any]:
     from reflectrl.sft.trainer import finished
 
     out = ctx.run_dir / "sft"
-    task = ray.remote(num_cpus=1, num_gpus=ctx.config.run.num_gpus_per_learner)(train_on_node)
+    task = ray.remote(
+        num_cpus=1,
+        num_gpus=ctx.config.run.num_gpus_per_learner,
+        resources=dict(ctx.config.run.learner_resources),  # where the learners go
+    )(train_on_node)
+    driver_node = ray.get_runtime_context().get_node_id()
     results = {}
     for player in sft_players(ctx.config):
         result = finished(out, player)  # a player finished before a crash is kept
         if result is None:
             print(f"sft: training the {player} ...", flush=True)
             lines = Queue(actor_options={"num_cpus": 0})
-            ref = task.remote(ctx.config, ctx.run_dir / "data", player, out, lines)
-            result = wait_printing(ref, lines)
+            data = ctx.run_dir / "data"
+            ref = task.remote(
+                ctx.config, data, player, out, lines, driver_node, ray.put(pack_dir(data))
+            )
+            done = wait_printing(ref, lines)
             ray.kill(lines.actor)
+            if done["files"] is not None:  # trained on another node: its folder comes back
+                unpack_dir(done["files"], out / player)
+            result = {**done["result"], "node": done["node"]}
         before, after = result["loss_before"], result["loss_after"]
         print(
             f"sft: {player}: {result['steps']} steps in {result['seconds']:.0f} s, completion "
@@ -214,7 +245,8 @@ def sft_stage(ctx: StageContext) -> dict[str, Any]:
             f"{before.get('eval', float('nan')):.3f} -> {after.get('eval', float('nan')):.3f})",
             flush=True,
         )
-        results[player] = {k: result[k] for k in ("steps", "seconds", "loss_before", "loss_after")}
+        keys = ("steps", "seconds", "loss_before", "loss_after", "node")
+        results[player] = {k: result[k] for k in keys if k in result}
     return results
 
 
@@ -231,7 +263,8 @@ def ray_result(ref: Any) -> Any:
 def rl_stage(ctx: StageContext) -> dict[str, Any]:
     from reflectrl.launch import train
 
-    run = train(rl_config(ctx.config, ctx.run_dir), ctx.run_dir, ctx.workers, ctx.resume_from)
+    config = rl_config(ctx.config, ctx.run_dir)
+    run = train(config, ctx.run_dir, ctx.workers, ctx.resume_from, ctx.servers)
     return {"iterations": run.iteration, "env_steps": run.env_steps}
 
 
@@ -240,7 +273,7 @@ def eval_stage(ctx: StageContext) -> dict[str, Any]:
     from reflectrl.evaluation.report import format_table
 
     config, source = run_policy(ctx.run_dir, ctx.config)
-    report = evaluate_with(config, source, ctx.workers, ctx.run_dir)
+    report = evaluate_with(config, source, ctx.workers, ctx.run_dir, ctx.servers)
     print(format_table(report), flush=True)
     out = ctx.run_dir / f"eval_{report['split']}.json"
     write_json(out, report)
@@ -292,6 +325,7 @@ def launch(opts: LaunchOptions) -> Path:
             mark_done(run_dir, stage, {"seconds": round(seconds, 1), **summary})
             print(f"{header} done in {seconds:.0f} s", flush=True)
     finally:
+        ctx.servers.stop()
         ray.shutdown()
     print_outcome(run_dir)
     return run_dir

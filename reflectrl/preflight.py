@@ -53,12 +53,26 @@ def preflight(config: ReflectRLConfig) -> PolicySpec:
 def check_run(config: ReflectRLConfig, workers: int) -> PolicySpec:
     """`preflight` plus what RL needs: a batch shape that works, a reflection URL that answers."""
     spec = preflight(config)
-    config.ppo.batch_size(workers, config.env.envs_per_worker)  # a bad shape fails here
+    batch = config.ppo.batch_size(workers, config.env.envs_per_worker)  # a bad shape fails here
+    learners = config.run.num_learners
+    if learners > 1 and batch % learners:
+        raise ConfigError(
+            f"run.num_learners={learners} cannot split an iteration of {batch} env steps evenly; "
+            "choose a number of learners that divides it (or change --workers)"
+        )
+    per_learner = batch // max(1, learners)
+    if config.ppo.minibatch_size > per_learner:
+        raise ConfigError(
+            f"ppo.minibatch_size={config.ppo.minibatch_size} is more than the {per_learner} env "
+            f"steps each learner gets per iteration ({batch} over {max(1, learners)}); lower "
+            "ppo.minibatch_size or raise ppo.train_batch_size"
+        )
     r = config.reflection
     if r.enabled and r.server == "url":
+        from reflectrl.reflection.endpoint import ReflectionEndpoint
         from reflectrl.rollout_workers.runner_env import make_reflection_client
 
-        if not make_reflection_client(config, str(r.url), 0).health():
+        if not make_reflection_client(config, ReflectionEndpoint.external(r), 0).health():
             raise ConfigError(
                 f"reflection.url {r.url} does not answer; start the server there or set "
                 "reflection.server=local"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Any
 
 import ray
 
@@ -28,17 +29,37 @@ def init_ray(address: str | None, config: ReflectRLConfig, workers: int) -> str 
         # A local single-user cluster on loopback: token auth off, dashboard on 127.0.0.1.
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        ctx = ray.init(
-            _node_ip_address="127.0.0.1",  # Ray's servers on loopback, where Ray lets us
-            num_cpus=max(os.cpu_count() or 1, workers + 1),
-            include_dashboard=True,
-            dashboard_host=config.run.dashboard_host,
-            dashboard_port=_free_port(config.run.dashboard_host, config.run.dashboard_port),
-            runtime_env=runtime_env,
-            log_to_driver=False,
-        )
+        ctx = _start_local(config, workers, runtime_env)
     url = getattr(ctx, "dashboard_url", None)
     return f"http://{url}" if url and not url.startswith("http") else url
+
+
+def _start_local(config: ReflectRLConfig, workers: int, runtime_env: dict[str, Any]) -> Any:
+    host = config.run.dashboard_host
+    port = _free_port(host, config.run.dashboard_port)
+    for attempt in range(3):
+        try:
+            return ray.init(
+                # A new local Ray even when `ray start` runs one on this machine (which a bare
+                # ray.init() would join, and then refuse num_cpus).
+                address="local",
+                _node_ip_address="127.0.0.1",  # Ray's servers on loopback, where Ray lets us
+                # One CPU per rollout worker and learner actor, one for the driver.
+                num_cpus=max(os.cpu_count() or 1, workers + config.run.num_learners + 1),
+                include_dashboard=True,
+                dashboard_host=host,
+                dashboard_port=port,
+                runtime_env=runtime_env,
+                log_to_driver=False,
+            )
+        except Exception as err:  # Ray raises ValueError or a bare Exception for this
+            # Another run on this machine took the port between our check and Ray's bind.
+            taken = ("already occupied", "valid port for dashboard")
+            if not any(text in str(err) for text in taken) or attempt == 2:
+                raise
+            ray.shutdown()
+            port = _free_port(host, 0)
+    raise AssertionError("unreachable")
 
 
 def _check_reachable(address: str) -> None:

@@ -13,6 +13,34 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Run first: the longest files (whole-run and fault tests), so that the two test processes
+# of `make test` finish together.
+LONGEST_FIRST = (
+    "test_launch_e2e",
+    "test_experiment",
+    "test_cluster",
+    "test_reflection_faults",
+    "test_driver_kill",
+    "test_learning",
+    "test_sft",
+    "test_learner_actors",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Order the longest files first; keep each module in one test process (they share
+    module fixtures: a Ray session, a trained SFT adapter, a vLLM server) unless it says
+    XDIST_SPREAD (`--dist loadgroup` then spreads its tests)."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+
+    def module_name(item: pytest.Item) -> str:
+        return item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+
+    items.sort(key=lambda item: rank.get(module_name(item), len(rank)))
+    for item in items:
+        if not getattr(item.module, "XDIST_SPREAD", False):
+            item.add_marker(pytest.mark.xdist_group(module_name(item)))
+
 
 @pytest.fixture(scope="session")
 def tiny_dir() -> Path:

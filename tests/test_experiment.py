@@ -26,6 +26,9 @@ SHORT = [
 ]
 
 
+XDIST_SPREAD = True  # no module fixtures: its tests may run in different test processes
+
+
 def write_spec(path: Path, variants: dict[str, list[str]], seeds: list[int]) -> Path:
     import yaml
 

@@ -49,18 +49,22 @@ def read_rows(run: Path) -> list[dict[str, Any]]:
 
 def test_cli_smoke_pipeline_runs_every_stage_and_resumes(tmp_path: Path) -> None:
     """data -> sft -> rl (from the SFT adapters, reflections from the served SFT adapter) ->
-    eval, in one run directory; --resume of the finished run does nothing and says so; `eval
-    --run` evaluates the finished run. (Resuming RL itself: test_resume_restores_...; which
-    stages a resume runs: test_pipeline.py.)"""
+    eval, in one run directory; --resume of the finished run does nothing and says so.
+    (Resuming RL itself: test_resume_restores_...; which stages a resume runs:
+    test_pipeline.py.)"""
     run = tmp_path / "run"
     # Relative, as users type it (RLlib takes a relative checkpoint path for a bad URI).
     out = Path(os.path.relpath(run, REPO))
     result = reflectrl(
         "--workers", "2", "--config", str(SMOKE), "--iterations", "2", "--output", str(out),
-        "--set", "eval.every=2",
+        "--set", "eval.every=2", "--set", "run.heartbeat_s=1",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Ray dashboard: http://127.0.0.1:" in result.stdout
+    # Within each iteration: heartbeat lines with the phase and env steps so far (learning
+    # takes well under a second here; its lines: test_heartbeat_shows_the_learning_phase).
+    beats = [line for line in result.stdout.splitlines() if line.startswith("  [iter ")]
+    assert any(re.search(r"\] sampling: env steps \d+/64$", b) for b in beats), beats
     for number, stage in enumerate(["data", "sft", "rl", "eval"], 1):
         assert f"[stage {number}/4: {stage}] started" in result.stdout
         assert json.loads((run / "stages" / f"{stage}.json").read_text())["stage"] == stage
@@ -71,7 +75,7 @@ def test_cli_smoke_pipeline_runs_every_stage_and_resumes(tmp_path: Path) -> None
         assert f"sft {player}: step 10/10, loss " in result.stdout  # the SFT task's progress
     # RL starts from the SFT policy adapter and the server serves the SFT reflection adapter
     # (the server is ready only once it lists the adapter's name).
-    assert f"(tiny + adapter {out / 'sft' / 'reflection'})" in result.stdout
+    assert f"(tiny + adapter {out / 'sft' / 'reflection'}; 1 replica)" in result.stdout
     report = json.loads((run / "eval_test.json").read_text())
     assert report["greedy"]["all"]["episodes"] == 2 and report["split"] == "test"
     assert "greedy    all" in result.stdout
@@ -98,7 +102,7 @@ def test_cli_smoke_pipeline_runs_every_stage_and_resumes(tmp_path: Path) -> None
     assert rows[-1]["env_steps"] >= 2 * 64
     assert 0 < rows[-1]["weight_sync_bytes"] < 1_000_000  # LoRA only, not the whole LM
     assert rows[0]["stage"] == "pickup" and rows[1]["stage"] == "dropoff"  # smoke caps pickup at 1
-    overrides = ["run.iterations=2", "eval.every=2"]
+    overrides = ["run.iterations=2", "eval.every=2", "run.heartbeat_s=1"]
     assert load_config(run / "config.yaml") == load_config(SMOKE, overrides)
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     assert (run / "reflection_server.log").stat().st_size > 0
@@ -121,22 +125,15 @@ def test_cli_smoke_pipeline_runs_every_stage_and_resumes(tmp_path: Path) -> None
     assert result.returncode == 0, result.stderr[-3000:]
     assert "finished earlier; nothing to do" in result.stdout
     assert "Ray dashboard" not in result.stdout and len(read_rows(run)) == 2
-
-    # `reflectrl eval --run` evaluates the run's final policy with the run's config.
-    result = reflectrl_cli(
-        "eval", "--run", str(run), "--episodes", "1", "--out", str(tmp_path / "again.json")
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    again = json.loads((tmp_path / "again.json").read_text())
-    assert again["greedy"]["all"]["episodes"] == 1 and "greedy    all" in result.stdout
     assert (run / "stages" / "eval.json").stat().st_mtime_ns == evaluated_at
+    # (`reflectrl eval --run` on a finished run: test_driver_kill.py.)
 
 
 @pytest.fixture(scope="module")
 def ray_session() -> Any:
     import ray
 
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
 
@@ -165,7 +162,8 @@ def test_weights_and_stage_reach_every_worker(
     from reflectrl.launch import Run
     from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
 
-    config = load_config(SMOKE, ["run.iterations=2"])
+    # Reflections during RL: the CLI pipeline test and test_reflection_faults.py.
+    config = smoke_without_reflection("run.iterations=2")
     run = Run(config, tmp_path / "run", workers=2)
     try:
         run.start()
@@ -179,10 +177,15 @@ def test_weights_and_stage_reach_every_worker(
             out = runner.module.forward_inference(batch)
             return out[Columns.ACTION_DIST_INPUTS].numpy()
 
-        before = run.learner_module().forward_inference(batch)[Columns.ACTION_DIST_INPUTS]
-        row = run.train_iteration()
-        assert row["reflection_calls"] > 0
-        learner = run.learner_module().forward_inference(batch)[Columns.ACTION_DIST_INPUTS]
+        def learner_logits() -> torch.Tensor:
+            (result,) = run.algo.learner_group.foreach_learner(
+                lambda learner: learner.module["default_policy"].forward_inference(batch)
+            )
+            return result.get()[Columns.ACTION_DIST_INPUTS]
+
+        before = learner_logits()
+        run.train_iteration()
+        learner = learner_logits()
         assert not torch.allclose(before, learner)  # the update changed the policy...
         group = run.algo.env_runner_group
         for worker_logits in group.foreach_env_runner(logits_on_runner, local_env_runner=False):
@@ -225,8 +228,18 @@ def test_two_workers_sample_from_different_random_streams(ray_session: Any, tmp_
     assert first != second
 
 
-def test_a_killed_worker_comes_back_in_the_current_stage(ray_session: Any, tmp_path: Path) -> None:
+def test_a_worker_killed_mid_sampling_comes_back_with_the_stage_and_adapter(
+    ray_session: Any, tmp_path: Path
+) -> None:
+    """SIGKILL a rollout worker while it samples: the iteration completes with the other
+    worker's samples (at most the killed worker's share of one iteration is lost), RLlib
+    restarts it, the row counts the restart, and the new worker plays the current stage with
+    the learner's current weights."""
     import signal
+    import threading
+    import time
+
+    import ray
 
     from reflectrl.launch import Run
 
@@ -243,19 +256,41 @@ def test_a_killed_worker_comes_back_in_the_current_stage(ray_session: Any, tmp_p
         (pid,) = group.foreach_env_runner(
             lambda runner: os.getpid(), local_env_runner=False, remote_worker_ids=[1]
         )
-        os.kill(pid, signal.SIGKILL)
+
+        def kill_once_sampling() -> None:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                board = ray.get(run.progress_board.snapshot.remote())
+                if board["phase"] == "sampling" and board["iteration_env_steps"] > 0:
+                    os.kill(pid, signal.SIGKILL)
+                    return
+                time.sleep(0.02)
+
+        killer = threading.Thread(target=kill_once_sampling)
+        killer.start()
         rows = [run.train_iteration()]
+        killer.join()
         while rows[-1]["restarted_workers"] == 0 and len(rows) < 10:  # Ray restarts it meanwhile
             rows.append(run.train_iteration())
+        rows.append(run.train_iteration())  # a whole iteration with the restarted worker
         stages = group.foreach_env_runner(
             lambda runner: runner.env.unwrapped.stage, local_env_runner=False
         )
         pids = group.foreach_env_runner(lambda runner: os.getpid(), local_env_runner=False)
+        weights = group.foreach_env_runner(
+            lambda runner: runner.module.get_state(), local_env_runner=False
+        )
+        learner = run.module_state()
     finally:
         run.close()
-    assert rows[-1]["restarted_workers"] >= 1 and pid not in pids
+    assert rows[0]["env_steps"] - 64 >= 32  # the other worker's samples of that iteration
+    assert rows[-2]["restarted_workers"] >= 1 and pid not in pids and len(pids) == 2
     assert stages == ["dropoff", "dropoff"]  # re-applied to the restarted worker
-    assert rows[-1]["stage"] == "dropoff" and rows[-1]["env_steps"] > rows[0]["env_steps"]
+    assert rows[-1]["env_steps"] - rows[-2]["env_steps"] == 64  # both workers sample again
+    for state in weights:  # the restarted worker got the learner's current adapter
+        assert state.keys() == learner.keys()
+        for key in learner:
+            np.testing.assert_array_equal(state[key], learner[key], err_msg=key)
 
 
 def test_resume_restores_optimizer_env_streams_and_metrics(
@@ -327,10 +362,10 @@ def test_close_does_not_mask_the_error_when_the_reflection_actor_is_dead(
             return None
 
     run = Run(smoke_without_reflection(), tmp_path / "run", workers=1)
-    run.reflection_actor = Stoppable.remote()
-    ray.kill(run.reflection_actor)
+    run.servers.actors = [Stoppable.remote()]
+    ray.kill(run.servers.actors[0])
     run.close()  # no RayActorError: the run's own error (if any) stays the one reported
-    assert run.reflection_actor is None
+    assert run.reflection_actors == []
 
 
 def test_a_server_that_fails_every_request_stops_the_run_with_one_line(

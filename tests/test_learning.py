@@ -42,14 +42,15 @@ def test_ppo_beats_the_untrained_policy(tmp_path: Path, tokenizer: Any) -> None:
     )
     eval_env = ReflectRLVectorEnv(config, tokenizer, None, num_envs=2)
     eval_env.set_stage("pickup")
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
     run = Run(config, tmp_path / "run", workers=2)
     try:
         run.start()
-        policy = run.learner_module().policy
+        policy = run.policy_copy()
         before_greedy = evaluate(policy, eval_env, episodes=4, greedy=True)
         before_sampled = evaluate(policy, eval_env, episodes=40, greedy=False, seed=1)
         rows = [run.train_iteration() for _ in range(ITERATIONS)]
+        policy.load_trainable_state(run.policy_state())
         after_greedy = evaluate(policy, eval_env, episodes=4, greedy=True)
         after_sampled = evaluate(policy, eval_env, episodes=40, greedy=False, seed=1)
     finally:

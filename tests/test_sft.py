@@ -187,8 +187,8 @@ PROMPTS = [f"Taxi at ({i}, 2), passenger at R. # Analyze:\n" for i in range(4)]
 
 def served_reflections(config: Any, log: Path, models: list[str]) -> list[list[str]]:
     """Greedy reflections of PROMPTS from a real vLLM server started as RL starts it."""
-    actor = ReflectionServerActor(config.reflection.model_dump(mode="json"), str(log))
-    url = actor.start()
+    actor = ReflectionServerActor(config.reflection.model_dump(mode="json"), str(log), None)
+    url = actor.url()
     try:
         return [
             ReflectionClient(url, model=m, max_tokens=12, temperature=0.0).reflect(PROMPTS)

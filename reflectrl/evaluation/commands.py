@@ -98,32 +98,35 @@ def adapter_policy(config: Any, adapter: Path) -> tuple[Any, Any]:
     return config, PolicySource(sft_adapter=adapter)
 
 
-def evaluate_with(config: Any, source: Any, workers: int, home: Path) -> dict[str, Any]:
-    """On a running Ray: start the reflection server if the config serves one, evaluate, stop
-    it. Its log goes to `home/eval_reflection_server.log`."""
-    import ray
-
+def evaluate_with(
+    config: Any, source: Any, workers: int, home: Path, servers: Any = None
+) -> dict[str, Any]:
+    """On a running Ray: evaluate, with the reflection server the config serves. `servers`
+    (ReflectionServers) are reused when they serve the same model, else started here (log:
+    `home/eval_reflection_server.log`) and stopped after."""
     from reflectrl.evaluation.runner import Evaluator, eval_config
-    from reflectrl.reflection.actor import start_reflection_actor
+    from reflectrl.reflection.actor import ReflectionServers
+    from reflectrl.reflection.endpoint import ReflectionEndpoint
 
     eval_config(config)  # a bad split or stage fails before anything starts
-    actor, evaluator = None, None
+    own = servers is None
+    servers = ReflectionServers() if own else servers
+    evaluator = None
     try:
-        url = None
+        endpoint = None
         r = config.reflection
         if r.enabled:
             if r.server == "local":
-                actor, url = start_reflection_actor(r, home / "eval_reflection_server.log")
+                endpoint = servers.start(r, home / "eval_reflection_server.log")
             else:
-                url = r.url
-        evaluator = Evaluator(config, url, workers)
+                endpoint = ReflectionEndpoint.external(r)
+        evaluator = Evaluator(config, endpoint, workers)
         return evaluator.run(source, progress=True)
     finally:
         if evaluator is not None:
             evaluator.close()
-        if actor is not None:
-            ray.get(actor.stop.remote(), timeout=60)
-            ray.kill(actor)
+        if own:
+            servers.stop()
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

@@ -19,6 +19,7 @@ from reflectrl.envs.registry import env_splits, make_text_env
 from reflectrl.errors import ConfigError
 from reflectrl.evaluation.episodes import play, slot_quotas
 from reflectrl.evaluation.report import grouped
+from reflectrl.reflection.endpoint import ReflectionEndpoint
 
 DECODINGS = ("greedy", "sampled")
 
@@ -43,7 +44,9 @@ def eval_config(config: ReflectRLConfig) -> tuple[ReflectRLConfig, list[str]]:
 
 
 class EvalWorker:
-    def __init__(self, config: dict[str, Any], reflection_url: str | None, index: int) -> None:
+    def __init__(
+        self, config: dict[str, Any], reflection: dict[str, Any] | None, index: int
+    ) -> None:
         from reflectrl.models.loading import resolve_model
         from reflectrl.models.policy import OptionPolicy
         from reflectrl.rollout_workers.runner_env import make_vector_env
@@ -51,7 +54,7 @@ class EvalWorker:
         parsed = ReflectRLConfig.model_validate(config)
         ctx = {
             "reflectrl": config,
-            "reflection_url": reflection_url,
+            "reflection": reflection,
             "num_envs": parsed.env.envs_per_worker,
         }
         self.env = make_vector_env(ctx)
@@ -101,11 +104,14 @@ class PolicySource:
 class Evaluator:
     """`workers` eval actors, reused across evaluations (they hold a copy of the policy LM)."""
 
-    def __init__(self, config: ReflectRLConfig, reflection_url: str | None, workers: int) -> None:
+    def __init__(
+        self, config: ReflectRLConfig, reflection: ReflectionEndpoint | None, workers: int
+    ) -> None:
         self.config, self.stages = eval_config(config)
         remote = ray.remote(num_cpus=0)(EvalWorker)
         tree = self.config.model_dump(mode="json")
-        self.actors = [remote.remote(tree, reflection_url, i + 1) for i in range(workers)]
+        where = None if reflection is None else reflection.to_dict()
+        self.actors = [remote.remote(tree, where, i + 1) for i in range(workers)]
 
     def run(self, source: PolicySource, progress: bool = False) -> dict[str, Any]:
         """{"greedy": report, "sampled": report, "split": ..., "episodes_per_stage": ...}."""

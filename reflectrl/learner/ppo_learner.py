@@ -16,6 +16,7 @@ RLlib's too. After each step the module's `weights_version` goes up by one, whic
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,12 +32,34 @@ from ray.rllib.evaluation.postprocessing import Postprocessing
 from ray.rllib.utils.torch_utils import explained_variance
 
 from reflectrl.models.policy import length_order
+from reflectrl.progress import board_reporter, take_learner_name
 
 # Loss statistics RLlib logs per loss call; re-logged as means over the whole minibatch.
 MEAN_STATS = (POLICY_LOSS_KEY, VF_LOSS_KEY, LEARNER_RESULTS_VF_LOSS_UNCLIPPED_KEY, ENTROPY_KEY)
 
 
 class ReflectRLPPOLearner(PPOTorchLearner):
+    _report: Callable[[str, int], None] | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # As a Ray actor it is listed as `learner-0`, `learner-1`, ... (the dashboard's and
+        # the state API's repr name; RLlib creates learner actors without names).
+        self.name = take_learner_name((self.config.env_config or {}).get("progress_board"))
+
+    def __repr__(self) -> str:
+        return self.name
+
+    def update(self, *args: Any, **kwargs: Any) -> Any:
+        """RLlib's update, telling the run's heartbeat that learning started (and how many
+        minibatches to expect: epochs x ceil(rows / minibatch), bootstrap rows aside)."""
+        report = self._progress()
+        if report is not None:
+            rows = self.config.train_batch_size_per_learner
+            size = kwargs.get("minibatch_size") or rows
+            report("learning", int(kwargs.get("num_epochs", 1)) * -(-rows // size))
+        return super().update(*args, **kwargs)
+
     def _uncompiled_update(self, batch: dict[str, Any], **kwargs: Any) -> tuple[Any, Any, Any]:
         self._compute_off_policyness(batch)
         loss_per_module = self.accumulate_gradients(batch)
@@ -44,7 +67,15 @@ class ReflectRLPPOLearner(PPOTorchLearner):
         self.apply_gradients(self.postprocess_gradients(gradients))
         for module_id in loss_per_module:
             self.module[module_id].unwrapped().weights_version += 1
+        if (report := self._progress()) is not None:
+            report("minibatch", 1)
         return {}, loss_per_module, {}
+
+    def _progress(self) -> Callable[[str, int], None] | None:
+        if self._report is None:
+            name = (self.config.env_config or {}).get("progress_board")
+            self._report = board_reporter(name)
+        return self._report
 
     def accumulate_gradients(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         """Zero the gradients, then accumulate d(loss)/d(params) over micro-batches of the loss

@@ -24,6 +24,7 @@ from ray.rllib.core.rl_module.torch import TorchRLModule
 from ray.rllib.utils.typing import StateDict
 
 from reflectrl.models.policy import MASKED_LOGIT, OptionPolicy
+from reflectrl.node_files import local_copy
 
 # Per-row column of the rollout outputs: how many optimizer steps the sampling weights had.
 WEIGHTS_VERSION = "weights_version"
@@ -33,7 +34,7 @@ POLICY_PREFIX = "policy."
 class ReflectRLModule(TorchRLModule, ValueFunctionAPI):
     """model_config keys: model_dir, label_token_ids, lora_r, lora_alpha, lora_target_modules,
     seed, micro_batch_size, trim_padding, values_from_rollouts, gradient_checkpointing,
-    init_adapter."""
+    init_adapter (+ init_adapter_files), rollout_dtype."""
 
     def setup(self) -> None:
         cfg = self.model_config
@@ -46,9 +47,16 @@ class ReflectRLModule(TorchRLModule, ValueFunctionAPI):
             seed=cfg["seed"],
             gradient_checkpointing=cfg.get("gradient_checkpointing", False),
             trim_padding=cfg.get("trim_padding", True),
+            # Rollout workers build the module inference-only; the learner trains in float32.
+            dtype=getattr(torch, cfg.get("rollout_dtype", "float32"))
+            if self.inference_only
+            else torch.float32,
         )
         if cfg.get("init_adapter"):  # then a checkpoint, if any, overrides it on restore
-            self.policy.load_sft_adapter(cfg["init_adapter"])
+            adapter = cfg["init_adapter"]
+            if cfg.get("init_adapter_files"):  # this node may not have the driver's path
+                adapter = local_copy(adapter, cfg["init_adapter_files"])
+            self.policy.load_sft_adapter(adapter)
         self.micro_batch_size = int(cfg["micro_batch_size"])
         self.values_from_rollouts = bool(cfg.get("values_from_rollouts", True))
         # Off only to measure what skipping the episodes' last observations saves.

@@ -13,6 +13,7 @@ rows are right-padded and attention is causal (nothing real attends to the paddi
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ class OptionPolicy(nn.Module):
         seed: int = 0,
         gradient_checkpointing: bool = False,
         trim_padding: bool = True,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
         self.trim_padding = trim_padding
@@ -49,6 +51,8 @@ class OptionPolicy(nn.Module):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self._build(model_dir, lora_r, lora_alpha, lora_target_modules, gradient_checkpointing)
+        # Rollout copies may run in half precision; LoRA and value head follow the LM.
+        self.to(dtype)
         self.register_buffer(
             "label_ids", torch.tensor(list(label_token_ids), dtype=torch.long), persistent=False
         )
@@ -64,14 +68,7 @@ class OptionPolicy(nn.Module):
         base = load_causal_lm(model_dir)
         for param in base.parameters():
             param.requires_grad_(False)
-        lora = LoraConfig(
-            r=lora_r,
-            lora_alpha=lora_alpha,
-            target_modules=list(lora_target_modules),
-            lora_dropout=0.0,
-            bias="none",
-            task_type="CAUSAL_LM",
-        )
+        lora = lora_config(lora_r, lora_alpha, lora_target_modules)
         if gradient_checkpointing:
             # Only in train mode (the PPO update): keeps one layer's activations instead of all
             # of them; with dropout 0 the recomputation is exact. Rollouts (eval) are unaffected.
@@ -109,10 +106,11 @@ class OptionPolicy(nn.Module):
         logits = hidden @ head.weight[self.label_ids].T
         if getattr(head, "bias", None) is not None:
             logits = logits + head.bias[self.label_ids]
-        return logits.masked_fill(option_mask <= 0, MASKED_LOGIT)
+        # float32 whatever the LM's dtype: MASKED_LOGIT overflows float16 to -inf.
+        return logits.float().masked_fill(option_mask <= 0, MASKED_LOGIT)
 
     def value(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.value_head(hidden).squeeze(-1)
+        return self.value_head(hidden).squeeze(-1).float()
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, option_mask: torch.Tensor
@@ -148,12 +146,11 @@ class OptionPolicy(nn.Module):
         unknown = [k for k in state if k not in own]
         if unknown:
             raise ValueError(f"state has keys this policy does not have: {unknown[:3]}")
-        self.load_state_dict({k: torch.as_tensor(v) for k, v in state.items()}, strict=False)
+        self.load_state_dict({k: torch.tensor(v) for k, v in state.items()}, strict=False)
 
     def save_adapter(self, directory: Path) -> None:
         """The LoRA adapter in peft format (loadable with PeftModel.from_pretrained / vLLM)."""
-        self.lm.save_pretrained(str(directory))
-        torch.save(self.value_head.state_dict(), Path(directory) / "value_head.pt")
+        save_adapter_state(self.trainable_state(), self.lm.peft_config["default"], directory)
 
     def load_sft_adapter(self, directory: str | Path, key: str = "policy.init_adapter") -> None:
         """Start from a LoRA adapter of `reflectrl sft` (the value head stays at zero).
@@ -181,6 +178,48 @@ class OptionPolicy(nn.Module):
 
         set_peft_model_state_dict(self.lm, load_peft_weights(str(directory)))
         self.value_head.load_state_dict(torch.load(Path(directory) / "value_head.pt"))
+
+
+def lora_config(
+    r: int, alpha: int, target_modules: Sequence[str], base_model_dir: Path | None = None
+) -> LoraConfig:
+    """The policy's LoRA (dropout 0: rollout and update probabilities agree)."""
+    return LoraConfig(
+        r=r,
+        lora_alpha=alpha,
+        target_modules=list(target_modules),
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+        base_model_name_or_path=None if base_model_dir is None else str(base_model_dir),
+    )
+
+
+def save_adapter_state(state: dict[str, Any], lora: LoraConfig, directory: Path) -> None:
+    """Write a `trainable_state()` as a peft adapter folder + `value_head.pt`, the files
+    `PeftModel.from_pretrained`, vLLM and `load_adapter` read. Needs no model: the driver
+    writes checkpoints from the state it reads off learner actors on other nodes."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    saved = copy.copy(lora)
+    saved.inference_mode = True  # as peft's own save_pretrained writes it
+    saved.save_pretrained(str(directory))
+    # OptionPolicy's names `lm.<peft name with the adapter name>.weight`; peft saves them
+    # without `lm.` and without the adapter name (`.default`).
+    weights = {
+        k.removeprefix("lm.").replace(".default.", "."): torch.as_tensor(v).contiguous()
+        for k, v in state.items()
+        if "lora_" in k
+    }
+    save_file(weights, str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
+    head = {
+        k.removeprefix("value_head."): torch.as_tensor(v)
+        for k, v in state.items()
+        if k.startswith("value_head.")
+    }
+    torch.save(head, directory / "value_head.pt")
 
 
 def length_order(attention_mask: torch.Tensor) -> torch.Tensor:

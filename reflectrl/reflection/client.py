@@ -9,7 +9,7 @@ servers that reject list prompts.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from time import sleep
 from types import TracebackType
@@ -34,7 +34,7 @@ class ReflectionClient:
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         model: str,
         max_tokens: int = 64,
         temperature: float = 0.0,
@@ -45,12 +45,24 @@ class ReflectionClient:
         seed: int | None = 0,
         mode: Mode = "batch",
         max_concurrency: int = 16,
+        api_key: str | None = None,
+        locate: Callable[[int], str] | None = None,
     ) -> None:
         if mode not in ("batch", "concurrent"):
             raise ValueError(f"mode must be 'batch' or 'concurrent', not {mode!r}")
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")
-        self.base_url = base_url.rstrip("/")
+        # One URL per server replica; this client talks to `urls[replica]` (use_replica).
+        self.urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        if not self.urls:
+            raise ValueError("base_url: give at least one URL")
+        self.urls = [url.rstrip("/") for url in self.urls]
+        self.replica = 0
+        self.base_url = self.urls[0]
+        self.api_key = api_key  # sent as `Authorization: Bearer ...`
+        # locate(i): the current URL of replica i after it was restarted elsewhere (waits for
+        # it); None: the address is fixed (an external server).
+        self.locate = locate
         self.model = model
         self.max_tokens = max_tokens
         self.temperature = temperature
@@ -64,6 +76,7 @@ class ReflectionClient:
         self.calls = 0
         self.requests = 0
         self.retries = 0
+        self.relocations = 0  # times a restarted replica was found at a new address
         self.completion_tokens = 0
         self._lock = threading.Lock()  # counters are updated from threads in concurrent mode
         self._http: httpx.Client | None = None
@@ -84,6 +97,11 @@ class ReflectionClient:
         with self._lock:
             self.calls += len(texts)
         return texts
+
+    def use_replica(self, index: int) -> None:
+        """Talk to replica `index` mod the number of replicas (spreads workers evenly)."""
+        self.replica = index % len(self.urls)
+        self.base_url = self.urls[self.replica]
 
     def health(self) -> bool:
         """True when the server answers `GET /models` and serves `self.model`."""
@@ -120,7 +138,7 @@ class ReflectionClient:
         return payload
 
     def _complete(self, prompts: list[str]) -> list[str]:
-        body = self._post(f"{self.base_url}/completions", self._payload(prompts))
+        body = self._post("/completions", self._payload(prompts))
         choices = body.get("choices") if isinstance(body, dict) else None
         if not isinstance(choices, list):
             raise ReflectionServerError(
@@ -147,7 +165,7 @@ class ReflectionClient:
             self.completion_tokens += int(usage.get("completion_tokens") or 0)
         return [text or "" for text in texts]
 
-    def _post(self, url: str, payload: dict[str, Any]) -> Any:
+    def _post(self, path: str, payload: dict[str, Any]) -> Any:
         tries = self.max_retries + 1
         reason = ""
         for attempt in range(tries):
@@ -158,9 +176,10 @@ class ReflectionClient:
             with self._lock:
                 self.requests += 1
             try:
-                response = self._client().post(url, json=payload)
+                response = self._client().post(f"{self.base_url}{path}", json=payload)
             except httpx.TransportError as exc:  # connect errors, timeouts, broken connections
                 reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                self._relocate()
                 continue
             if response.status_code == 429 or response.status_code >= 500:
                 reason = f"HTTP {response.status_code}: {_error_message(response)}"
@@ -186,12 +205,26 @@ class ReflectionClient:
             )
         )
 
+    def _relocate(self) -> None:
+        """After a connection failure: ask where the replica is now (it may have been
+        restarted on another port or node); the retry goes there."""
+        if self.locate is None:
+            return
+        url = self.locate(self.replica).rstrip("/")
+        if url != self.urls[self.replica]:
+            with self._lock:
+                self.urls[self.replica] = self.base_url = url
+                self.relocations += 1
+
     def _client(self) -> httpx.Client:
         if self._http is None:
             with self._lock:
                 if self._http is None:
                     limits = httpx.Limits(max_connections=max(self.max_concurrency, 1) + 4)
-                    self._http = httpx.Client(timeout=httpx.Timeout(self.timeout_s), limits=limits)
+                    headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+                    self._http = httpx.Client(
+                        timeout=httpx.Timeout(self.timeout_s), limits=limits, headers=headers
+                    )
         return self._http
 
     def __getstate__(self) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Literal
@@ -95,6 +95,7 @@ class VLLMServer:
         env: Mapping[str, str] | None = None,
         python: str = sys.executable,
         ready_timeout_s: float = 300.0,
+        api_key: str | None = None,
     ) -> None:
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', not {device!r}")
@@ -112,10 +113,19 @@ class VLLMServer:
         self.extra_env = dict(env or {})
         self.python = python
         self.ready_timeout_s = ready_timeout_s  # used by `with VLLMServer(...)`
+        # Required from clients on every /v1 route (in the environment, not on the command
+        # line, where any local user could read it).
+        self.api_key = api_key
         self.process: subprocess.Popen[bytes] | None = None
         self.startup_s: float | None = None  # seconds from start() to ready
         self._log_file: IO[bytes] | None = None
+        self._log_offset = 0  # where this start's lines begin in the (appended) log
         self._started_at = 0.0
+
+    @property
+    def pgid(self) -> int | None:
+        """The server's process group (the guard leads it), while it runs."""
+        return None if self.process is None else self.process.pid
 
     @property
     def url(self) -> str:
@@ -152,6 +162,8 @@ class VLLMServer:
         if self.device == "cpu":
             env.update(CPU_ENV)
         env.update(self.extra_env)
+        if self.api_key:
+            env["VLLM_API_KEY"] = self.api_key
         return env
 
     def start(self) -> VLLMServer:
@@ -161,11 +173,15 @@ class VLLMServer:
         if self.port == 0:
             self.port = free_port(self.host)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log_file = open(self.log_path, "wb")  # noqa: SIM115 -- lives as long as the server
+        # Appended: a restarted server keeps the log of the one that died.
+        self._log_file = open(self.log_path, "ab")  # noqa: SIM115 -- lives as long as the server
+        self._log_offset = self._log_file.tell()
         self._started_at = time.monotonic()
+        # The guard takes vLLM's whole process group down if whoever started it dies.
+        guarded = [self.python, "-m", "reflectrl.reflection.guard", "--", *self.command()]
         try:
             self.process = subprocess.Popen(
-                self.command(),
+                guarded,
                 stdin=subprocess.DEVNULL,
                 stdout=self._log_file,
                 stderr=subprocess.STDOUT,
@@ -186,10 +202,9 @@ class VLLMServer:
         if self.process is None:
             raise ReflectionServerError("vLLM server was not started; call start() first")
         deadline = time.monotonic() + timeout_s
-        # A server bound to all interfaces is probed over loopback.
-        probe_host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        root = f"http://{probe_host}:{self.port}"
-        with httpx.Client(timeout=httpx.Timeout(5.0)) as http:
+        root = self._probe_root()
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        with httpx.Client(timeout=httpx.Timeout(5.0), headers=headers) as http:
             while True:
                 code = self.process.poll()
                 if code is not None:
@@ -209,6 +224,18 @@ class VLLMServer:
                     )
                 time.sleep(poll_s)
 
+    def _probe_root(self) -> str:
+        # A server bound to all interfaces is probed over loopback.
+        probe_host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{probe_host}:{self.port}"
+
+    def healthy(self, timeout_s: float = 1.0) -> bool:
+        """True when `/health` answers 200 now."""
+        try:
+            return httpx.get(f"{self._probe_root()}/health", timeout=timeout_s).status_code == 200
+        except httpx.HTTPError:
+            return False
+
     def _ready(self, http: httpx.Client, root: str) -> bool:
         try:
             if http.get(f"{root}/health").status_code != 200:
@@ -223,7 +250,9 @@ class VLLMServer:
 
     def log_summary(self) -> str:
         try:
-            text = self.log_path.read_text(errors="replace")
+            with self.log_path.open("rb") as log:
+                log.seek(self._log_offset)
+                text = log.read().decode(errors="replace")
         except OSError as exc:
             return f"(cannot read log: {exc})"
         return summarize_log(text)
@@ -294,15 +323,21 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def group_members(pgid: int) -> list[int]:
-    """PIDs in process group `pgid` (Linux /proc); tests use it to check nothing is left."""
-    members = []
+def _proc_stats() -> Iterator[tuple[int, list[str]]]:
+    """(pid, the fields of /proc/<pid>/stat after "(comm)": state, ppid, pgrp, ...)."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            yield int(stat.parent.name), stat.read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        # After "(comm)": state, ppid, pgrp, ...; zombies are gone in all but name.
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(stat.parent.name))
-    return members
+
+
+def group_members(pgid: int) -> list[int]:
+    """PIDs in process group `pgid` (Linux /proc); tests use it to check nothing is left.
+    Zombies are gone in all but name."""
+    return [pid for pid, fields in _proc_stats() if int(fields[2]) == pgid and fields[0] != "Z"]
+
+
+def child_pids(pid: int) -> list[int]:
+    """The direct children of `pid` (Linux /proc)."""
+    return [child for child, fields in _proc_stats() if int(fields[1]) == pid]

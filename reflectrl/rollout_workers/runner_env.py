@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from reflectrl.config import ReflectRLConfig
 from reflectrl.models.loading import load_tokenizer, resolve_model
+from reflectrl.progress import board_reporter
+from reflectrl.reflection.endpoint import ReflectionEndpoint
 from reflectrl.rollout_workers.error_sink import error_reporter
 from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
 
@@ -19,31 +21,41 @@ if TYPE_CHECKING:
 
 
 def env_config_for(
-    config: ReflectRLConfig, reflection_url: str | None, error_sink: str | None = None
+    config: ReflectRLConfig,
+    reflection: ReflectionEndpoint | None,
+    error_sink: str | None = None,
+    progress_board: str | None = None,
 ) -> dict[str, Any]:
     """What the driver hands RLlib as `env_config` (plain JSON data)."""
     return {
         "reflectrl": config.model_dump(mode="json"),
-        "reflection_url": reflection_url,
+        "reflection": None if reflection is None else reflection.to_dict(),
         "error_sink": error_sink,  # the name of the run's ErrorSink actor
+        "progress_board": progress_board,  # the name of its ProgressBoard (learners read it too)
     }
 
 
 def make_reflection_client(
-    config: ReflectRLConfig, url: str, worker_index: int
+    config: ReflectRLConfig, endpoint: ReflectionEndpoint, worker_index: int
 ) -> ReflectionClient:
+    """The client of rollout worker `worker_index` (>= 1; 0: the driver), on its replica."""
+    from reflectrl.reflection.actor import ReplicaLocator
     from reflectrl.reflection.client import ReflectionClient
 
     r = config.reflection
-    return ReflectionClient(
-        base_url=url,
+    client = ReflectionClient(
+        base_url=endpoint.urls,
         model=r.request_model,
         max_tokens=r.max_tokens,
         temperature=r.temperature,
         timeout_s=r.timeout_s,
         max_retries=r.max_retries,
         seed=config.run.seed + worker_index,
+        api_key=endpoint.api_key,
+        locate=ReplicaLocator(endpoint, r.startup_timeout_s) if endpoint.actors else None,
     )
+    client.use_replica(max(worker_index - 1, 0))
+    return client
 
 
 def make_vector_env(ctx: dict[str, Any]) -> ReflectRLVectorEnv:
@@ -59,7 +71,9 @@ def make_vector_env(ctx: dict[str, Any]) -> ReflectRLVectorEnv:
     tokenizer = load_tokenizer(policy_dir)
     reflector, reflection_tokenizer = None, None
     if config.reflection.enabled:
-        reflector = make_reflection_client(config, ctx["reflection_url"], worker_index)
+        endpoint = ReflectionEndpoint.from_dict(ctx["reflection"])
+        assert endpoint is not None, "reflection is on but the driver sent no endpoint"
+        reflector = make_reflection_client(config, endpoint, worker_index)
         # Reflection prompts are measured in the reflection model's own tokens.
         reflection_dir = resolve_model(config.reflection.model)
         if reflection_dir != policy_dir:
@@ -72,4 +86,5 @@ def make_vector_env(ctx: dict[str, Any]) -> ReflectRLVectorEnv:
         worker_index=worker_index,
         reflection_tokenizer=reflection_tokenizer,
         report_error=error_reporter(ctx.get("error_sink")),
+        report_progress=board_reporter(ctx.get("progress_board")),
     )

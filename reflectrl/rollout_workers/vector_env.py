@@ -29,6 +29,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from reflectrl import rng_state
 from reflectrl.config import ReflectRLConfig
 from reflectrl.envs.base import TextEnv, TextObservation
 from reflectrl.envs.registry import make_text_env
@@ -71,10 +72,12 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         worker_index: int = 0,
         reflection_tokenizer: Any = None,
         report_error: Callable[[str], None] | None = None,
+        report_progress: Callable[[str, int], None] | None = None,
     ) -> None:
         self.config = config
         # Called with a one-line error before an exception leaves reset/step (the worker dies).
         self.report_error = report_error
+        self.report_progress = report_progress  # env steps, for the run's heartbeat
         self.tokenizer = tokenizer
         self.reflector = reflector if config.reflection.enabled else None
         self.num_envs = num_envs
@@ -118,6 +121,10 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         self._rngs = [np.random.default_rng([seed, worker_index, i]) for i in range(self.num_envs)]
         if self.reflector is not None:
             self.reflector.seed = hash_seed(seed, worker_index)
+            # Worker i asks reflection replica i - 1 (mod replicas): the load is spread.
+            use_replica = getattr(self.reflector, "use_replica", None)
+            if use_replica is not None:
+                use_replica(max(worker_index - 1, 0))
 
     def set_worker_index(self, worker_index: int) -> None:
         """Re-seed for the rollout worker this env lives in, before its first reset. (RLlib's
@@ -160,6 +167,8 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
             "envs": [env.random_state() for env in self.envs],
             "menu_shuffles": [dict(rng.bit_generator.state) for rng in self._rngs],
             "seeded": list(self._seeded),
+            # The worker process's streams: the policy samples its actions from torch's.
+            "process": rng_state.capture(),
         }
 
     def set_random_state(self, state: dict[str, Any]) -> None:
@@ -172,9 +181,11 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
             )
         for env, env_state in zip(self.envs, state["envs"], strict=True):
             env.set_random_state(env_state)
-        for rng, rng_state in zip(self._rngs, state["menu_shuffles"], strict=True):
-            rng.bit_generator.state = rng_state
+        for rng, shuffle_state in zip(self._rngs, state["menu_shuffles"], strict=True):
+            rng.bit_generator.state = shuffle_state
         self._seeded = [bool(s) for s in state["seeded"]]
+        if "process" in state:  # (older checkpoints have none)
+            rng_state.restore(state["process"])
         self._needs_reset[:] = True  # the next step starts fresh episodes on every env
 
     # --- gymnasium vector API -------------------------------------------------------------
@@ -191,7 +202,10 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         self, actions: np.ndarray
     ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         with self._reporting_errors():
-            return self._step(actions)
+            stepped = self._step(actions)
+        if self.report_progress is not None:
+            self.report_progress("env_steps", self.num_envs)
+        return stepped
 
     def close_extras(self, **kwargs: Any) -> None:
         for env in self.envs:
