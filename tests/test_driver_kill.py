@@ -30,7 +30,10 @@ DETERMINISTIC = [
     "--set", "ppo.batch_mode=complete_episodes", "--set", "ppo.train_batch_size=96",
 ]  # fmt: skip
 
-pytestmark = pytest.mark.integration
+# Alone: in one run with another test process loading both cores, the resumed run's first
+# LoRA tensor differed from the straight run's (cause not found yet). With the machine to
+# itself it has always been equal.
+pytestmark = [pytest.mark.integration, pytest.mark.alone]
 
 
 def learner_state(checkpoint: Path) -> dict:
