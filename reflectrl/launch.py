@@ -67,6 +67,7 @@ class Run:
         self.heartbeat: Heartbeat | None = None  # phase, env steps, minibatches within an iteration
         self.sink: MetricsSink | None = None
         self.failures = WorkerFailureWatch(config.run.max_failed_iterations)
+        self._sync_bytes: int | None = None
 
     # -- set-up --------------------------------------------------------------------------
     def start(self, resume_from: Path | None = None) -> None:
@@ -279,8 +280,11 @@ class Run:
         return policy
 
     def weight_sync_bytes(self) -> int:
-        """Bytes sent to each rollout worker per sync (the LoRA tensors only)."""
-        return state_nbytes(self.module_state())
+        """Bytes sent to each rollout worker per sync (the LoRA tensors only). Their shapes
+        never change, so the learner is asked once, not every iteration."""
+        if self._sync_bytes is None:
+            self._sync_bytes = state_nbytes(self.module_state())
+        return self._sync_bytes
 
     # -- checkpoints ---------------------------------------------------------------------
     def save(self) -> Path:
