@@ -89,6 +89,7 @@ def build_ppo_config(
                     "seed": config.run.seed,
                     "micro_batch_size": policy.micro_batch_size,
                     "trim_padding": policy.trim_padding,
+                    "share_prefix": policy.share_prefix,
                     "values_from_rollouts": policy.values_from_rollouts,
                     "gradient_checkpointing": policy.gradient_checkpointing,
                     "init_adapter": policy.init_adapter,

@@ -58,6 +58,9 @@ class PolicyConfig(Strict):
     # Run the LM only up to the longest real row of each (micro-)batch (prompts are
     # right-padded to env.max_prompt_tokens); rows are grouped by length in the update.
     trim_padding: bool = True
+    # Run the tokens every row of a batch starts with (the task header) once, and let every row
+    # attend to that one copy (exact; ~2x fewer LM FLOPs on Taxi's prompts).
+    share_prefix: bool = True
     # The rollout workers' copy of the LM (scoring the menu while sampling); the learner always
     # trains in float32. Half precision is for workers on a GPU (run.num_gpus_per_worker).
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -98,6 +101,9 @@ class ReflectionConfig(Strict):
     startup_timeout_s: float = Field(600.0, gt=0)
     max_tokens: int = Field(48, ge=1)
     temperature: float = Field(0.0, ge=0)
+    # Greedy reflections (temperature 0) each rollout worker remembers, by prompt: the model is
+    # frozen, so a repeated prompt gets the same text without a request. 0: always ask.
+    cache_size: int = Field(65536, ge=0)
     timeout_s: float = Field(120.0, gt=0)
     max_retries: int = Field(3, ge=0)
 

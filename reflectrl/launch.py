@@ -24,6 +24,7 @@ from reflectrl.config import ReflectRLConfig, dump_config
 from reflectrl.coordinator import CoordinatorCallback, Curriculum
 from reflectrl.envs.registry import make_text_env
 from reflectrl.errors import LearnerDiedError, ReflectionServerError
+from reflectrl.evaluation.report import write_json
 from reflectrl.evaluation.runner import Evaluator, PolicySource
 from reflectrl.learner.rl_module import POLICY_PREFIX, state_nbytes
 from reflectrl.metrics import MetricsSink, format_progress
@@ -36,6 +37,7 @@ from reflectrl.rollout_workers.error_sink import start_error_sink
 from reflectrl.worker_failures import WorkerFailureWatch
 
 logger = logging.getLogger(__name__)
+BEFORE_RL_FILE = "eval_before_rl.json"  # held-out success of the starting policy (eval.every)
 
 
 class Run:
@@ -165,6 +167,7 @@ class Run:
             "stage": ours.get("stage"),
             "next_stage": ours.get("next_stage"),
             "reflection_calls": totals.get("reflection_calls", 0),
+            "reflection_cache_hits": totals.get("reflection_cache_hits", 0),
             "env_steps_per_s": steps / seconds if seconds > 0 else 0.0,
             "iteration_s": seconds,
             # What binds: sampling (rollout workers, reflections) vs the update (learners).
@@ -175,6 +178,11 @@ class Run:
             "updated": updated,
             "restarted_workers": ours.get("restarted_workers", 0),
             "reflection_restarts": self.reflection_restarts(),
+            # Worker-seconds of this iteration's sampling, by what they were spent on.
+            **{
+                key.replace("_ms", "_worker_s"): counts.get(key, 0) / 1000
+                for key in ("env_ms", "reflection_ms", "policy_ms")
+            },
             "truncated_prompts": totals.get("truncated_prompts", 0),
             "clipped_reflection_prompts": totals.get("clipped_reflection_prompts", 0),
             "policy_loss": _scalar(learner.get("policy_loss")),
@@ -200,6 +208,18 @@ class Run:
             "eval_return_mean": greedy["return_mean"],
             "eval_length_mean": greedy["length_mean"],
         }
+
+    def evaluate_before_rl(self) -> dict[str, Any]:
+        """Held-out success of the policy RL starts from (the SFT policy), once per run:
+        `eval_before_rl.json`, the first point of the held-out curve."""
+        figures = {"iteration": self.iteration, "env_steps": self.env_steps, **self.evaluate_now()}
+        write_json(self.run_dir / BEFORE_RL_FILE, figures)
+        print(
+            f"held-out success before RL: {figures['eval_success_rate']:.2f} greedy / "
+            f"{figures['eval_success_rate_sampled']:.2f} sampled",
+            flush=True,
+        )
+        return figures
 
     def _learner_died(self, err: BaseException) -> LearnerDiedError:
         """RLlib does not restart learner actors (their DDP group cannot take a newcomer)."""
@@ -365,6 +385,8 @@ def train(
     try:
         run.start(resume_from)
         print(f"run directory: {run_dir}", flush=True)
+        if run.evaluator is not None and not (run_dir / BEFORE_RL_FILE).is_file():
+            run.evaluate_before_rl()
         first, started = run.iteration, time.perf_counter()
         while run.iteration < config.run.iterations:
             row = run.train_iteration()

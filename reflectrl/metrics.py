@@ -11,8 +11,15 @@ from typing import Any
 WORKER_COUNTERS = (
     "env_steps",
     "reflection_calls",
+    "reflection_cache_hits",
     "truncated_prompts",
     "clipped_reflection_prompts",
+    # Where a worker's sampling time goes (ms, summed over workers): stepping the text envs and
+    # rendering/tokenizing prompts; waiting for reflections; the rest of the EnvRunner between
+    # two env steps (the policy's forward pass and RLlib's bookkeeping).
+    "env_ms",
+    "reflection_ms",
+    "policy_ms",
 )
 
 # Figures exported as Ray gauges (numeric, one value per iteration).

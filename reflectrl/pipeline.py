@@ -269,8 +269,8 @@ def rl_stage(ctx: StageContext) -> dict[str, Any]:
 
 
 def eval_stage(ctx: StageContext) -> dict[str, Any]:
-    from reflectrl.evaluation.commands import evaluate_with, write_json
-    from reflectrl.evaluation.report import format_table
+    from reflectrl.evaluation.commands import evaluate_with
+    from reflectrl.evaluation.report import format_table, write_json
 
     config, source = run_policy(ctx.run_dir, ctx.config)
     report = evaluate_with(config, source, ctx.workers, ctx.run_dir, ctx.servers)

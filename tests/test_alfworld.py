@@ -347,6 +347,11 @@ def test_curriculum_stages(data_dir: Path, tmp_path: Path) -> None:
     _, info = env.reset(seed=1)
     assert info["stage"] == info["task_type"] == "pick_heat_then_place_in_recep"
     assert len(env.stage_games("all")) == 6
+    # Listed starts (held-out eval plays each once) are the stage's games, by index.
+    starts = env.start_ids("pick_heat_then_place_in_recep")
+    assert [env.games[int(i)] for i in starts] == list(env.stage_games())
+    env.reset(options={"start": starts[0]})
+    assert env.game == env.games[int(starts[0])]
     shortest = min(g.walkthrough_length or 99 for g in env.games)
     by_length = AlfWorldEnv(
         AlfWorldOptions(

@@ -521,3 +521,12 @@ def test_sft_data_on_autoexplore(tmp_path: Path, repo: Path) -> None:
     assert test_targets and not {r["task"] for r in rows} & test_targets  # held out by file
     mistakes = {r["taken_action"].split()[0] for r in rows if r["perturbed"]}
     assert mistakes <= {"cat", "cd"}  # a wrong file or folder, never a wrong `id`
+
+
+def test_listed_starts_are_the_stage_tasks_and_reset_plays_them(tmp_path: Path, repo: Path) -> None:
+    env = make_env(tmp_path, repo)
+    for stage in env.stages:
+        starts = env.start_ids(stage)
+        assert starts == [t.id for t in env.stage_tasks(stage)] and len(set(starts)) == len(starts)
+    last = env.start_ids("all")[-1]
+    assert env.reset(options={"start": last})[1]["task_id"] == last

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from reflectrl.config import CurriculumConfig, StageConfig
@@ -87,3 +89,39 @@ def test_defaults_to_the_envs_stages_and_rejects_unknown() -> None:
     assert Curriculum(CurriculumConfig(), STAGES).stage == "pickup"
     with pytest.raises(ConfigError, match="unknown stage 'nope'"):
         Curriculum(CurriculumConfig(stages=[StageConfig(name="nope")]), STAGES)
+
+
+@pytest.mark.integration
+def test_a_stage_that_is_never_passed_ends_at_its_cap(tmp_path: Path) -> None:
+    """Thresholds no run can pass (success 1.0 over a window): the caps alone move the real
+    coordinator (RLlib callback, 2 rollout workers) through every stage, one iteration each,
+    and every worker plays the new stage from the next iteration on."""
+    import ray
+
+    from reflectrl.config import load_config
+    from reflectrl.launch import Run
+
+    repo = Path(__file__).resolve().parents[1]
+    config = load_config(
+        repo / "configs" / "smoke.yaml",
+        [
+            "reflection.enabled=false",
+            "curriculum.stages=[{name: pickup, success_threshold: 1.0, max_iterations: 1},"
+            " {name: dropoff, success_threshold: 1.0, max_iterations: 2}, {name: full}]",
+            "curriculum.window=1000",
+            "curriculum.min_episodes=1000",
+        ],
+    )
+    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
+    run = Run(config, tmp_path / "run", workers=2)
+    try:
+        run.start()
+        rows = [run.train_iteration() for _ in range(4)]
+        worker_stages = run.coordinator.push_stage(run.algo.env_runner_group)
+    finally:
+        run.close()
+        ray.shutdown()
+    assert [r["stage"] for r in rows] == ["pickup", "dropoff", "dropoff", "full"]
+    assert [r["next_stage"] for r in rows] == ["dropoff", "dropoff", "full", "full"]
+    assert all(r["success_rate"] < 1.0 for r in rows)  # no bar was passed
+    assert worker_stages == ["full", "full"]

@@ -86,3 +86,40 @@ def test_eval_cli_errors_are_one_line(sft_policy: Path, tmp_path: Path) -> None:
         done = reflectrl("eval", "--config", str(SMOKE), *args)
         assert done.returncode == 2, done.stderr
         assert done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+
+
+def test_held_out_eval_plays_every_start_exactly_once(tiny_dir: Path, tokenizer: Any) -> None:
+    """Taxi's 60 test starts, dealt over 4 env slots: 60 episodes from 60 distinct starts, in
+    every stage (draws with replacement gave ~38 distinct starts in 60 episodes)."""
+    from reflectrl.envs.taxi import start_states
+
+    config = load_config(SMOKE, ["reflection.enabled=false", "env.options.split=test"])
+    env = ReflectRLVectorEnv(config, tokenizer, None, num_envs=4)
+    policy = OptionPolicy(tiny_dir, env.label_ids)
+    starts = env.envs[0].start_ids("full")
+    assert starts == [str(s) for s in start_states("test", 0.2, 0)] and len(starts) == 60
+    for stage in ("pickup", "dropoff", "full"):
+        env.set_stage(stage)
+        records = play(policy, env, episodes=0, greedy=False, seed=1, starts=starts)
+        assert sorted(r["start"] for r in records) == sorted(starts), stage
+        report = grouped(records)["all"]
+        assert report["episodes"] == report["distinct_starts"] == 60
+    # A listed start is the state the episode starts in.
+    taxi = env.envs[0]
+    taxi.set_stage("full")
+    taxi.reset(options={"start": starts[5]})
+    assert int(taxi.taxi.s) == int(starts[5])
+    with pytest.raises(ValueError, match="not in the 'test' split"):
+        taxi.reset(options={"start": str(start_states("train", 0.2, 0)[0])})
+
+
+def test_eval_samples_distinct_starts_when_asked_for_fewer() -> None:
+    """`eval.episodes` below the number of starts: a seeded sample, each start at most once."""
+    from reflectrl.evaluation.runner import eval_config, held_out_starts
+
+    config, _ = eval_config(load_config(SMOKE, ["eval.episodes=25"]))
+    picked = held_out_starts(config, "full")
+    assert picked is not None and len(picked) == len(set(picked)) == 25
+    assert held_out_starts(config, "full") == picked  # seeded
+    config.eval.episodes = 100
+    assert len(held_out_starts(config, "full") or []) == 60  # all of them, once

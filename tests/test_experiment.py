@@ -147,3 +147,18 @@ def test_tiny_grid_writes_its_report_and_skips_finished_runs(tmp_path: Path) -> 
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("finished earlier; skipped") == 4
     assert "run 1/" not in again.stdout
+
+
+def test_plots_mark_stage_switches_and_show_held_out_success(tmp_path: Path) -> None:
+    from reflectrl.experiment.plots import learning_curves, stage_switches
+
+    rows = [
+        {"env_steps": 100 * i, "stage": s, "next_stage": n, "success_rate": 0.1 * i,
+         "episode_return_mean": 0.0, **({"eval_success_rate": 0.2 * i} if i % 2 else {})}
+        for i, (s, n) in enumerate(
+            [("pickup", "pickup"), ("pickup", "full"), ("full", "full"), ("full", "full")]
+        )
+    ]  # fmt: skip
+    assert stage_switches(rows) == [(100, "full")]
+    path = learning_curves({"run": [rows]}, tmp_path / "curves.png")
+    assert path.stat().st_size > 1000

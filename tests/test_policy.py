@@ -171,12 +171,16 @@ def test_rl_module_syncs_trainable_state_and_values_without_grad(
 
 
 def count_lm_rows(module: Any) -> list[int]:
-    """Rows of every LM trunk call from now on (a forward hook on the decoder stack)."""
+    """Rows of every LM trunk call from now on that computes rows' own states (a forward hook
+    on the decoder stack; a shared prompt prefix's one-row pass is not counted)."""
     seen: list[int] = []
     trunk = module.policy.lm.get_base_model().base_model
-    trunk.register_forward_hook(
-        lambda _m, _args, kwargs, _out: seen.append(kwargs["input_ids"].shape[0]), with_kwargs=True
-    )
+
+    def record(_m: Any, _args: Any, kwargs: dict, _out: Any) -> None:
+        if kwargs.get("past_key_values") is not None or not kwargs.get("use_cache"):
+            seen.append(kwargs["input_ids"].shape[0])
+
+    trunk.register_forward_hook(record, with_kwargs=True)
     return seen
 
 
@@ -303,3 +307,42 @@ def test_gradient_checkpointing_changes_nothing_but_memory(
     for name in grads[0]:
         torch.testing.assert_close(grads[0][name], grads[1][name], atol=1e-6, rtol=1e-5)
     assert policy.lm.get_base_model().is_gradient_checkpointing
+
+
+def test_a_shared_prefix_runs_once_and_changes_nothing(tiny_dir: Path, tokenizer: Any) -> None:
+    """Rows that start alike: the prefix goes through the LM once; logits, values and
+    gradients equal the plain forward's (also when only part of the batch shares a prefix)."""
+    from reflectrl.models.policy import MIN_SHARED_PREFIX, shared_prefix_length
+
+    ids = label_token_ids(tokenizer, "123456", prompts.ACTION_MARKER)
+    policy = OptionPolicy(tiny_dir, ids, seed=2)
+    perturb(policy)  # a LoRA that is not zero, so its gradients mean something
+    gen = torch.Generator().manual_seed(0)
+    head = torch.randint(5, 900, (20,), generator=gen)
+    rows, lengths = [], [31, 26, 40, 23]
+    for n in lengths:
+        rows.append(torch.cat([head, torch.randint(5, 900, (n - 20,), generator=gen)]))
+    input_ids = torch.zeros(4, 48, dtype=torch.long)
+    mask = torch.zeros(4, 48, dtype=torch.long)
+    for i, row in enumerate(rows):
+        input_ids[i, : len(row)], mask[i, : len(row)] = row, 1
+    options = torch.ones(4, 6)
+    options[1, 4:] = 0
+    assert shared_prefix_length(input_ids, mask.sum(1)) == 20 >= MIN_SHARED_PREFIX
+    mixed = input_ids.clone()
+    mixed[3, 10] += 1  # row 3 parts from the others at token 10: the shared prefix shrinks
+
+    def outputs(share: bool, batch: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        policy.share_prefix = share
+        policy.zero_grad()
+        logits, values = policy(batch, mask, options)
+        (logits.log_softmax(-1)[:, 0].sum() + values.sum()).backward()
+        grads = [p.grad.clone() for p in policy.parameters() if p.requires_grad]
+        return (logits.detach(), values.detach(), *grads)
+
+    for batch in (input_ids, mixed):
+        plain, shared = outputs(False, batch), outputs(True, batch)
+        for a, b in zip(plain, shared, strict=True):
+            assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+    assert shared_prefix_length(mixed, mask.sum(1)) == 10
+    assert shared_prefix_length(input_ids[:1], mask[:1].sum(1)) == 0  # one row: nothing shared

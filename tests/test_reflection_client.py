@@ -150,3 +150,26 @@ def test_pickles_after_use(server: FakeServer) -> None:
 def test_rejects_bad_mode() -> None:
     with pytest.raises(ValueError, match="mode"):
         ReflectionClient("http://127.0.0.1:1/v1", MODEL, mode="serial")  # type: ignore[arg-type]
+
+
+def test_greedy_reflections_are_cached_and_each_distinct_prompt_is_sent_once(
+    server: FakeServer,
+) -> None:
+    client = make_client(server.url, cache_size=3)
+    first = client.reflect(["a", "b", "a", "c"])  # a twin in the batch is sent once
+    assert first == ["about a", "about b", "about a", "about c"]
+    assert server.completions[-1]["prompt"] == ["a", "b", "c"]
+    assert client.reflect(["c", "d", "a"]) == ["about c", "about d", "about a"]
+    assert server.completions[-1]["prompt"] == ["d"]  # c and a from the cache
+    assert (client.calls, client.requests, client.cache_hits) == (7, 2, 3)
+    # At most 3 kept, the least recently used dropped first: b went out when d came in.
+    assert client.reflect(["b"]) == ["about b"] and server.completions[-1]["prompt"] == ["b"]
+    assert client.reflect(["a", "a"]) == ["about a"] * 2 and len(server.completions) == 3
+
+
+def test_sampled_reflections_are_never_cached(server: FakeServer) -> None:
+    client = make_client(server.url, cache_size=100, temperature=0.7)
+    client.reflect(["a", "a"])
+    client.reflect(["a"])
+    assert [b["prompt"] for b in server.completions] == [["a", "a"], ["a"]]
+    assert client.cache_hits == 0

@@ -95,6 +95,12 @@ class TextEnv(gym.Env, ABC):
     @abstractmethod
     def step(self, action: int) -> tuple[TextObservation, float, bool, bool, dict[str, Any]]: ...
 
+    def start_ids(self, stage: str) -> list[str] | None:
+        """Every distinct start of this env's split in `stage`, as ids that
+        `reset(options={"start": id})` plays; None where the starts cannot be listed (held-out
+        evaluation then draws them). Evaluation plays each listed start exactly once."""
+        return None
+
     def shorter_observation(self, level: int) -> TextObservation | None:
         """The current observation with its history and outputs trimmed `level` (>= 1) steps;
         None when it cannot get shorter.

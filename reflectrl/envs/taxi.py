@@ -93,14 +93,17 @@ class DangerousTaxiEnv(TextEnv):
             seed = self.options.fixed_start_seed
         super().reset(seed=seed)
         self.taxi.reset(seed=seed)
-        if self.options.fixed_start_seed is None and self.options.split != "all":
-            starts = start_states(
-                self.options.split, self.options.test_fraction, self.options.split_seed
-            )
+        start = (options or {}).get("start")
+        if start is not None:
+            if int(start) not in self._split_starts():
+                raise ValueError(f"start {start!r} is not in the {self.options.split!r} split")
+            self.taxi.s = int(start)
+        elif self.options.fixed_start_seed is None and self.options.split != "all":
+            starts = self._split_starts()
             self.taxi.s = starts[int(self.taxi.np_random.integers(len(starts)))]
         self._begin_episode()
         if self._episode_stage == "dropoff":
-            self._board_passenger()
+            self._board_passenger(keep_cell=start is not None)
         self._steps = 0
         self._done = False
         return self._observation(), self._info(success=False, danger=False)
@@ -141,18 +144,30 @@ class DangerousTaxiEnv(TextEnv):
             info,
         )
 
+    def _split_starts(self) -> tuple[int, ...]:
+        o = self.options
+        return start_states(o.split, o.test_fraction, o.split_seed)
+
+    def start_ids(self, stage: str) -> list[str] | None:
+        """The split's start states (in `dropoff` each with the passenger put aboard)."""
+        if self.options.fixed_start_seed is not None:
+            return None
+        return [str(s) for s in self._split_starts()]
+
     def _random_owners(self) -> list[Any]:
         # Start states come from the inner TaxiEnv's stream (and the drop-off cell too).
         return [self, self.taxi]
 
-    def _board_passenger(self) -> None:
+    def _board_passenger(self, keep_cell: bool = False) -> None:
         # Keep the seeded destination; move the taxi to a uniformly drawn cell other than the
         # destination (so no episode is solved by one drop-off) and put the passenger aboard.
+        # A listed start (`keep_cell`) keeps its taxi cell unless that is the destination.
         row, col, _, destination = self.decoded_state()
         cells = [
             (r, c) for r in range(5) for c in range(5) if (r, c) != self.taxi.locs[destination]
         ]
-        row, col = cells[int(self.taxi.np_random.integers(len(cells)))]
+        if not (keep_cell and (row, col) in cells):
+            row, col = cells[int(self.taxi.np_random.integers(len(cells)))]
         self.taxi.s = self.taxi.encode(row, col, IN_TAXI, destination)
 
     def _observation(self) -> TextObservation:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +38,7 @@ def add_commands(sub: Any) -> None:
 
 def run_eval(args: argparse.Namespace) -> int:
     from reflectrl.config import load_config
-    from reflectrl.evaluation.report import format_table
+    from reflectrl.evaluation.report import format_table, write_json
 
     if args.episodes is not None and args.episodes < 1:
         raise ConfigError(f"--episodes {args.episodes}: need at least 1")
@@ -127,10 +125,3 @@ def evaluate_with(
             evaluator.close()
         if own:
             servers.stop()
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)

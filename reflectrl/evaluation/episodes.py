@@ -2,7 +2,8 @@
 
 Each of the env's slots plays its own quota of episodes and only its first episodes count:
 keeping "the first N episodes to finish" across slots would favour short episodes (quick
-successes and quick failures), a biased sample.
+successes and quick failures), a biased sample. Given `starts` (ids of the env's listed
+starts), the slots share them out and each start is played exactly once.
 """
 
 from __future__ import annotations
@@ -29,14 +30,30 @@ def slot_quotas(episodes: int, slots: int) -> list[int]:
     return [episodes // slots + int(i < episodes % slots) for i in range(slots)]
 
 
+def deal(items: list[str], hands: int) -> list[list[str]]:
+    """`items` dealt round-robin into `hands` lists (sizes differ by at most one)."""
+    return [items[i::hands] for i in range(hands)]
+
+
 @torch.no_grad()
 def play(
-    policy: OptionPolicy, env: ReflectRLVectorEnv, episodes: int, greedy: bool, seed: int = 0
+    policy: OptionPolicy,
+    env: ReflectRLVectorEnv,
+    episodes: int,
+    greedy: bool,
+    seed: int = 0,
+    starts: list[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """`episodes` finished episodes (dicts of `EpisodeRecord`), each slot's first ones."""
+    """`episodes` finished episodes (dicts of `EpisodeRecord`), each slot's first ones; with
+    `starts`, one episode from each of them instead."""
     policy.eval()
     generator = torch.Generator().manual_seed(seed)
-    quotas = slot_quotas(episodes, env.num_envs)
+    if starts is not None:
+        queues = deal(starts, env.num_envs)
+        env.set_starts(queues)
+        quotas = [len(queue) for queue in queues]
+    else:
+        quotas = slot_quotas(episodes, env.num_envs)
     kept: list[list[dict[str, Any]]] = [[] for _ in quotas]
     obs, _ = env.reset()
     env.pop_stats()
@@ -56,9 +73,14 @@ def play(
 
 
 def evaluate(
-    policy: OptionPolicy, env: ReflectRLVectorEnv, episodes: int, greedy: bool, seed: int = 0
+    policy: OptionPolicy,
+    env: ReflectRLVectorEnv,
+    episodes: int,
+    greedy: bool,
+    seed: int = 0,
+    starts: list[str] | None = None,
 ) -> EvalResult:
-    finished = play(policy, env, episodes, greedy, seed)
+    finished = play(policy, env, episodes, greedy, seed, starts)
     return EvalResult(
         episodes=len(finished),
         success_rate=float(np.mean([e["success"] for e in finished])),

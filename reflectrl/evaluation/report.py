@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 Z95 = 1.959964  # two-sided 95% quantile of the normal distribution
@@ -25,9 +28,12 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Success rate, its interval, mean return and mean length of `records`."""
     n = len(records)
     wins = sum(bool(r["success"]) for r in records)
+    listed = [r["start"] for r in records if r.get("start")]
     low, high = wilson_interval(wins, n)
     return {
         "episodes": n,
+        # Listed starts played (each once): equal to `episodes` when the env lists its starts.
+        "distinct_starts": len(set(listed)),
         "success_rate": wins / n if n else 0.0,
         "success_ci95": [low, high],
         "return_mean": sum(r["episode_return"] for r in records) / n if n else 0.0,
@@ -74,3 +80,11 @@ def format_table(report: dict[str, Any]) -> str:
                 f"{interval:>13} {s['return_mean']:>7.2f} {s['length_mean']:>7.1f}"
             )
     return "\n".join(lines)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write `data` as JSON atomically (a reader sees the old file or the new one)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)

@@ -12,12 +12,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import ray
 
 from reflectrl.config import ReflectRLConfig
 from reflectrl.envs.registry import env_splits, make_text_env
 from reflectrl.errors import ConfigError
-from reflectrl.evaluation.episodes import play, slot_quotas
+from reflectrl.evaluation.episodes import deal, play, slot_quotas
 from reflectrl.evaluation.report import grouped
 from reflectrl.reflection.endpoint import ReflectionEndpoint
 
@@ -41,6 +42,19 @@ def eval_config(config: ReflectRLConfig) -> tuple[ReflectRLConfig, list[str]]:
     tree["env"]["options"]["split"] = split
     tree["run"]["seed"] = config.run.seed if config.eval.seed is None else config.eval.seed
     return ReflectRLConfig.model_validate(tree), stages
+
+
+def held_out_starts(config: ReflectRLConfig, stage: str) -> list[str] | None:
+    """The starts of `stage` an eval config plays once each: all of its split's, or a seeded
+    sample of `eval.episodes` when there are more; None where the env cannot list them."""
+    env = make_text_env(config.env.name, config.env.options)
+    starts = env.start_ids(stage)
+    env.close()
+    if starts is None or len(starts) <= config.eval.episodes:
+        return starts
+    rng = np.random.default_rng([config.run.seed, len(starts)])
+    chosen = sorted(rng.choice(len(starts), config.eval.episodes, replace=False))
+    return [starts[int(i)] for i in chosen]
 
 
 class EvalWorker:
@@ -73,10 +87,12 @@ class EvalWorker:
     def load(self, source: PolicySource) -> None:
         source.load_into(self.policy)
 
-    def play(self, stage: str, episodes: int, greedy: bool) -> list[dict[str, Any]]:
+    def play(
+        self, stage: str, episodes: int, greedy: bool, starts: list[str] | None = None
+    ) -> list[dict[str, Any]]:
         self.env.set_stage(stage)
         self.seed += 1
-        return play(self.policy, self.env, episodes, greedy, seed=self.seed)
+        return play(self.policy, self.env, episodes, greedy, seed=self.seed, starts=starts)
 
 
 class PolicySource:
@@ -125,11 +141,16 @@ class Evaluator:
         for decoding in DECODINGS:
             records: list[dict[str, Any]] = []
             for stage in self.stages:
-                shares = slot_quotas(episodes, len(self.actors))
+                starts = held_out_starts(self.config, stage)
+                jobs: list[tuple[int, list[str] | None]] = (
+                    [(share, None) for share in slot_quotas(episodes, len(self.actors))]
+                    if starts is None
+                    else [(len(hand), hand) for hand in deal(starts, len(self.actors))]
+                )
                 calls = [
-                    actor.play.remote(stage, share, decoding == "greedy")
-                    for actor, share in zip(self.actors, shares, strict=True)
-                    if share
+                    actor.play.remote(stage, n, decoding == "greedy", hand)
+                    for actor, (n, hand) in zip(self.actors, jobs, strict=True)
+                    if n
                 ]
                 records += [r for part in ray.get(calls) for r in part]
                 if progress:

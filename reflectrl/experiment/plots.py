@@ -44,15 +44,34 @@ def _banded(seeds: list[list[dict[str, Any]]], key: str) -> tuple[np.ndarray, ..
     return grid, values.mean(0), values.min(0), values.max(0)
 
 
+PANELS = (
+    ("success_rate", "training success rate"),
+    ("episode_return_mean", "training mean return"),
+    ("eval_success_rate", "held-out greedy success (eval.every)"),
+)
+
+
+def stage_switches(rows: list[dict[str, Any]]) -> list[tuple[float, str]]:
+    """(env steps, new stage) of every curriculum switch in a run's rows."""
+    return [
+        (r["env_steps"], r["next_stage"])
+        for r in rows
+        if r.get("next_stage") and r.get("stage") and r["next_stage"] != r["stage"]
+    ]
+
+
 def learning_curves(curves: Curves, out: Path) -> Path:
-    """Training success rate and mean return vs env steps, one line per variant."""
+    """Training success, mean return and (where runs evaluated during RL) held-out success vs
+    env steps, one line per variant; dotted lines mark each run's curriculum switches."""
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=FIGSIZE, dpi=DPI)
-    for ax, (key, title) in zip(
-        axes,
-        (("success_rate", "success rate"), ("episode_return_mean", "mean return")),
-        strict=True,
-    ):
+    panels = [
+        (key, title)
+        for key, title in PANELS
+        if key != "eval_success_rate"
+        or any(r.get(key) is not None for seeds in curves.values() for rows in seeds for r in rows)
+    ]
+    fig, axes = plt.subplots(1, len(panels), figsize=FIGSIZE, dpi=DPI)
+    for ax, (key, title) in zip(axes, panels, strict=True):
         for name, seeds in curves.items():
             banded = _banded(seeds, key)
             if banded is None:
@@ -60,10 +79,14 @@ def learning_curves(curves: Curves, out: Path) -> Path:
             steps, mean, low, high = banded
             (line,) = ax.plot(steps, mean, label=f"{name} ({len(seeds)} seeds)")
             ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+            for rows in seeds:
+                for at, _stage in stage_switches(rows):
+                    ax.axvline(at, color=line.get_color(), linestyle=":", alpha=0.6, linewidth=1)
         ax.set_xlabel("env steps")
-        ax.set_title(f"training {title} (band: min-max over seeds)", fontsize=9)
+        ax.set_title(f"{title}\n(band: min-max over seeds; dotted: stage switch)", fontsize=8)
         ax.grid(alpha=0.3)
-    axes[0].set_ylim(-0.02, 1.02)
+        if "success" in key:
+            ax.set_ylim(-0.02, 1.02)
     handles, _ = axes[0].get_legend_handles_labels()
     if handles:
         axes[0].legend(fontsize=7)

@@ -103,6 +103,10 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
             return_greedy=greedy["return_mean"],
             return_sampled=sampled["return_mean"],
         )
+    before = read_json(run_dir / "eval_before_rl.json")  # runs with eval.every
+    if before is not None:
+        summary["success_before_rl_greedy"] = before["eval_success_rate"]
+        summary["success_before_rl_sampled"] = before["eval_success_rate_sampled"]
     for player in ("reflection", "policy"):
         sft = stages.get("sft", {}).get(player)
         if sft:
@@ -159,6 +163,12 @@ def run_table(summary: dict[str, Any]) -> str:
     if summary["rl_iterations"]:
         rows.append(("rl: iterations / env steps", f"{summary['rl_iterations']} / "
                      f"{summary['env_steps']}"))  # fmt: skip
+    if "success_before_rl_greedy" in summary:
+        rows.append((
+            "held-out success before RL",
+            f"{summary['success_before_rl_greedy']:.3f} greedy / "
+            f"{summary['success_before_rl_sampled']:.3f} sampled (eval.every's episodes)",
+        ))  # fmt: skip
     if summary["finished"]:
         for decoding in ("greedy", "sampled"):
             low, high = summary[f"success_{decoding}_ci95"]

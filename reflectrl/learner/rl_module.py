@@ -47,6 +47,7 @@ class ReflectRLModule(TorchRLModule, ValueFunctionAPI):
             seed=cfg["seed"],
             gradient_checkpointing=cfg.get("gradient_checkpointing", False),
             trim_padding=cfg.get("trim_padding", True),
+            share_prefix=cfg.get("share_prefix", True),
             # Rollout workers build the module inference-only; the learner trains in float32.
             dtype=getattr(torch, cfg.get("rollout_dtype", "float32"))
             if self.inference_only

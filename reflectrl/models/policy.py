@@ -9,6 +9,9 @@ Only the label rows of the LM head are multiplied, so no [batch, length, vocab] 
 ever built. Dropout is 0 everywhere so rollout (eval) and update (train) probabilities agree.
 With `trim_padding` each forward runs only up to the batch's longest real row: exact, since
 rows are right-padded and attention is causal (nothing real attends to the padding after it).
+With `share_prefix` the tokens every row of a batch starts with (the task header: ~45% of a
+Taxi prompt) go through the LM once, and every row attends to that one copy of their keys and
+values: the same attention, computed once (gradients flow back through the shared copy).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from reflectrl.models.loading import load_causal_lm
 # Logit of a label that is not on the menu now: exp() of it underflows to exactly 0, and
 # unlike -inf it keeps the entropy finite (0 * log 0 terms stay 0).
 MASKED_LOGIT = -1e9
+# A shared prefix shorter than this is run with the rest (a second LM call costs more).
+MIN_SHARED_PREFIX = 8
 
 
 class OptionPolicy(nn.Module):
@@ -41,9 +46,12 @@ class OptionPolicy(nn.Module):
         gradient_checkpointing: bool = False,
         trim_padding: bool = True,
         dtype: torch.dtype = torch.float32,
+        share_prefix: bool = True,
     ) -> None:
         super().__init__()
         self.trim_padding = trim_padding
+        self.share_prefix = share_prefix
+        self.checkpointing = gradient_checkpointing
         # LoRA init is seeded from the config, but on a forked stream: RLlib seeds each rollout
         # worker's global torch stream differently *before* building this module, and actions
         # are sampled from that stream (a global manual_seed here made every worker sample the
@@ -96,9 +104,24 @@ class OptionPolicy(nn.Module):
             input_ids, attention_mask = input_ids[:, :width], attention_mask[:, :width]
         causal_lm = self.lm.get_base_model()
         trunk = causal_lm.base_model  # the decoder stack, without the LM head
-        out = trunk(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         rows = torch.arange(input_ids.shape[0], device=input_ids.device)
-        return out.last_hidden_state[rows, lengths - 1]
+        # Checkpointed layers would recompute (and append to) the prefix's cache in backward.
+        share = self.share_prefix and not (self.training and self.checkpointing)
+        shared = shared_prefix_length(input_ids, lengths) if share else 0
+        if shared < MIN_SHARED_PREFIX:
+            out = trunk(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+            return out.last_hidden_state[rows, lengths - 1]
+        # The prefix once (one row), its keys and values repeated for every row; then each
+        # row's own tokens, at positions shared.., attending to the prefix and to themselves.
+        cache = trunk(input_ids=input_ids[:1, :shared], use_cache=True).past_key_values
+        cache.batch_repeat_interleave(input_ids.shape[0])
+        out = trunk(
+            input_ids=input_ids[:, shared:],
+            attention_mask=attention_mask,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        return out.last_hidden_state[rows, lengths - 1 - shared]
 
     def label_logits(self, hidden: torch.Tensor, option_mask: torch.Tensor) -> torch.Tensor:
         """Masked logits over the K labels: [B, K]."""
@@ -220,6 +243,16 @@ def save_adapter_state(state: dict[str, Any], lora: LoraConfig, directory: Path)
         if k.startswith("value_head.")
     }
     torch.save(head, directory / "value_head.pt")
+
+
+def shared_prefix_length(input_ids: torch.Tensor, lengths: torch.Tensor) -> int:
+    """How many leading tokens every row has in common, short of each row's last real token
+    (the rows' own hidden states must come from the second pass)."""
+    if input_ids.shape[0] < 2:
+        return 0
+    same = (input_ids == input_ids[:1]).all(dim=0)
+    common = int(same.int().cumprod(dim=0).sum())
+    return min(common, int(lengths.min()) - 1)
 
 
 def length_order(attention_mask: torch.Tensor) -> torch.Tensor:

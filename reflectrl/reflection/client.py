@@ -4,11 +4,16 @@ Any OpenAI-compatible server works (vLLM here). All prompts of a rollout worker 
 batched request (`prompt` is a list), because a CPU vLLM server is ~6x faster batched
 than one stream at a time; `mode="concurrent"` sends one request per prompt in parallel for
 servers that reject list prompts.
+
+Greedy reflections (temperature 0) of a frozen model are a function of the prompt, so the
+client remembers the last `cache_size` of them and sends each distinct prompt once: Taxi has
+~1,000 distinct reflection prompts, so after a few thousand steps almost none reach the server.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from time import sleep
@@ -47,6 +52,7 @@ class ReflectionClient:
         max_concurrency: int = 16,
         api_key: str | None = None,
         locate: Callable[[int], str] | None = None,
+        cache_size: int = 0,
     ) -> None:
         if mode not in ("batch", "concurrent"):
             raise ValueError(f"mode must be 'batch' or 'concurrent', not {mode!r}")
@@ -78,6 +84,10 @@ class ReflectionClient:
         self.retries = 0
         self.relocations = 0  # times a restarted replica was found at a new address
         self.completion_tokens = 0
+        self.cache_hits = 0  # reflections answered from the cache (or a twin in the batch)
+        # Only greedy answers are a function of the prompt; sampled ones must be drawn anew.
+        self.cache_size = cache_size if temperature == 0 else 0
+        self._cache: OrderedDict[str, str] = OrderedDict()
         self._lock = threading.Lock()  # counters are updated from threads in concurrent mode
         self._http: httpx.Client | None = None
 
@@ -88,15 +98,33 @@ class ReflectionClient:
         prompts = list(prompts)
         if not prompts:
             return []
-        if self.mode == "batch" or len(prompts) == 1:
-            texts = self._complete(prompts)
+        if not self.cache_size:
+            texts = self._fetch(prompts)
         else:
-            workers = min(len(prompts), self.max_concurrency)
-            with ThreadPoolExecutor(max_workers=workers) as pool:
-                texts = [t for (t,) in pool.map(lambda p: self._complete([p]), prompts)]
+            known = {p: self._cache[p] for p in dict.fromkeys(prompts) if p in self._cache}
+            missing = [p for p in dict.fromkeys(prompts) if p not in known]
+            known.update(zip(missing, self._fetch(missing), strict=True))
+            for prompt in known:
+                self._cache[prompt] = known[prompt]
+                self._cache.move_to_end(prompt)
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+            texts = [known[p] for p in prompts]
+            with self._lock:
+                self.cache_hits += len(prompts) - len(missing)
         with self._lock:
             self.calls += len(texts)
         return texts
+
+    def _fetch(self, prompts: list[str]) -> list[str]:
+        """The server's reflections of `prompts`, in their order."""
+        if not prompts:
+            return []
+        if self.mode == "batch" or len(prompts) == 1:
+            return self._complete(prompts)
+        workers = min(len(prompts), self.max_concurrency)
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            return [t for (t,) in pool.map(lambda p: self._complete([p]), prompts)]
 
     def use_replica(self, index: int) -> None:
         """Talk to replica `index` mod the number of replicas (spreads workers evenly)."""

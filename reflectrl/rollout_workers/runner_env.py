@@ -53,6 +53,7 @@ def make_reflection_client(
         seed=config.run.seed + worker_index,
         api_key=endpoint.api_key,
         locate=ReplicaLocator(endpoint, r.startup_timeout_s) if endpoint.actors else None,
+        cache_size=r.cache_size,
     )
     client.use_replica(max(worker_index - 1, 0))
     return client

@@ -21,6 +21,7 @@ SFT data writer uses the same one); cut prompts are counted: `truncated_prompts`
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
@@ -48,6 +49,7 @@ class EpisodeRecord:
     length: int
     env_index: int = 0  # which of the worker's envs played it
     kind: str = ""  # the env's `episode_kind` (ALFWorld: the task type)
+    start: str = ""  # the listed start it played (`set_starts`); "" for a drawn one
 
 
 class Reflector:
@@ -109,8 +111,13 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         self._returns = np.zeros(num_envs)
         self._lengths = np.zeros(num_envs, dtype=np.int64)
         self._seeded = [False] * num_envs
+        # Listed starts each env plays next, in order (held-out eval); then drawn ones.
+        self._start_queues: list[list[str]] = [[] for _ in range(num_envs)]
+        self._starts = [""] * num_envs  # the listed start of each env's running episode
         self.finished: list[EpisodeRecord] = []
         self.counters = dict.fromkeys(COUNTERS, 0)  # since the last `pop_stats`
+        self._seconds = {"env_ms": 0.0, "reflection_ms": 0.0, "policy_ms": 0.0}
+        self._returned_at: float | None = None  # when the last observation went to RLlib
         self.last_prompts: list[str] = []
 
     def _seed_streams(self, worker_index: int) -> None:
@@ -145,10 +152,20 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         for env in self.envs:
             env.set_stage(stage)
 
+    def set_starts(self, starts: list[list[str]]) -> None:
+        """Env i plays the listed starts `starts[i]` (ids of `TextEnv.start_ids`) in its next
+        episodes, one each, from the next reset on (every env is reset at the next step)."""
+        if len(starts) != self.num_envs:
+            raise ValueError(f"starts for {len(starts)} envs given to {self.num_envs}")
+        self._start_queues = [list(queue) for queue in starts]
+        self._needs_reset[:] = True
+
     def pop_stats(self) -> dict[str, Any]:
         """What happened since the last call (the coordinator polls this once per iteration):
         finished episodes and per-iteration counters, which the coordinator sums, so a
         restarted worker (counters at 0) never makes a total go backwards."""
+        for key, seconds in self._seconds.items():
+            self.counters[key] = round(1000 * seconds)
         stats = {
             "worker_index": self.worker_index,
             "episodes": [asdict(e) for e in self.finished],
@@ -158,6 +175,8 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         }
         self.finished = []
         self.counters = dict.fromkeys(COUNTERS, 0)
+        self._seconds = dict.fromkeys(self._seconds, 0.0)
+        self._returned_at = None  # the wait until the next sampling round is not the policy's
         return stats
 
     def random_state(self) -> dict[str, Any]:
@@ -201,10 +220,17 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
     def step(
         self, actions: np.ndarray
     ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        started = time.perf_counter()
+        if self._returned_at is not None:
+            self._seconds["policy_ms"] += started - self._returned_at
+        reflecting = self._seconds["reflection_ms"]
         with self._reporting_errors():
             stepped = self._step(actions)
         if self.report_progress is not None:
             self.report_progress("env_steps", self.num_envs)
+        self._returned_at = time.perf_counter()
+        reflected = self._seconds["reflection_ms"] - reflecting
+        self._seconds["env_ms"] += self._returned_at - started - reflected
         return stepped
 
     def close_extras(self, **kwargs: Any) -> None:
@@ -264,7 +290,10 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
     def _reset_env(self, i: int) -> TextObservation:
         seed = None if self._seeded[i] else self._reset_seeds[i]
         self._seeded[i] = True
-        obs, _ = self.envs[i].reset(seed=seed)
+        queue = self._start_queues[i]
+        self._starts[i] = queue.pop(0) if queue else ""
+        options = {"start": self._starts[i]} if self._starts[i] else None
+        obs, _ = self.envs[i].reset(seed=seed, options=options)
         self._returns[i] = 0.0
         self._lengths[i] = 0
         return obs
@@ -278,6 +307,7 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
                 length=int(self._lengths[i]),
                 env_index=i,
                 kind=self.envs[i].episode_kind,
+                start=self._starts[i],
             )
         )
 
@@ -297,8 +327,14 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
             wanted = [i for i, on in enumerate(reflect) if on]
             rendered = [self.renderer.reflection_prompt(self.envs[i], text_obs[i]) for i in wanted]
             if wanted:
+                hits_before = getattr(self.reflector, "cache_hits", 0)
+                asked = time.perf_counter()
                 texts = self.reflector.reflect([r.text for r in rendered])
+                self._seconds["reflection_ms"] += time.perf_counter() - asked
                 self.counters["reflection_calls"] += len(wanted)
+                self.counters["reflection_cache_hits"] += (
+                    getattr(self.reflector, "cache_hits", 0) - hits_before
+                )
                 for i, prompt, text in zip(wanted, rendered, texts, strict=True):
                     text_obs[i], levels[i], reflections[i] = prompt.observation, prompt.level, text
                     self.counters["clipped_reflection_prompts"] += int(prompt.clipped)

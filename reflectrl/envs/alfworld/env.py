@@ -153,6 +153,11 @@ class AlfWorldEnv(TextEnv):
         """The engine's answer to the last command ("" before the first)."""
         return self._history[-1][1] if self._history else ""
 
+    def start_ids(self, stage: str) -> list[str] | None:
+        """Indices (into `self.games`) of the stage's games."""
+        pool = set(self._stage_games[stage])
+        return [str(i) for i, game in enumerate(self.games) if game in pool]
+
     def stage_games(self, stage: str | None = None) -> tuple[GameEntry, ...]:
         return self._stage_games[stage or self._stage]
 
@@ -163,7 +168,9 @@ class AlfWorldEnv(TextEnv):
         stage, drawn with the env's seeded generator."""
         super().reset(seed=seed)
         self._begin_episode()
-        self.game = self._choose_game((options or {}).get("game"))
+        options = options or {}
+        start = options.get("start")
+        self.game = self._choose_game(options.get("game") if start is None else int(start))
         data = read_game(self.game.path)
         if self._engine is None:
             self._engine = Engine()

@@ -141,6 +141,9 @@ class AutoExploreEnv(TextEnv):
             )
         return self._sandboxes[root]
 
+    def start_ids(self, stage: str) -> list[str] | None:
+        return [t.id for t in self.stage_tasks(stage)]
+
     def stage_tasks(self, stage: str) -> list[Task]:
         if stage == "all":
             return self.tasks
@@ -165,7 +168,7 @@ class AutoExploreEnv(TextEnv):
     ) -> tuple[TextObservation, dict[str, Any]]:
         gym.Env.reset(self, seed=seed)  # seeds self.np_random (TextEnv.reset is abstract)
         self._begin_episode()
-        task_id = (options or {}).get("task_id")
+        task_id = (options or {}).get("task_id", (options or {}).get("start"))
         if task_id is not None:
             if task_id not in self._by_id:
                 raise ValueError(f"no task {task_id!r} in the {self.options.split!r} split")
