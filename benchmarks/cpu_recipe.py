@@ -34,6 +34,8 @@ CURVE_KEYS = (
     "stage",
     "episode_return_mean",
     "iteration_s",
+    "eval_success_rate",  # held-out greedy success, every eval.every iterations
+    "eval_success_rate_sampled",
 )
 BUDGET_S = 3600  # the recipe's promise: <= 60 min on 2 cores, install excluded
 
@@ -68,6 +70,7 @@ def main() -> None:
     stage_rows.append({"stage": "total", "seconds": round(wall, 1)})
     print_table(stage_rows, ["stage", "seconds"])
     outcome = {
+        "held-out success before RL, greedy": summary.get("success_before_rl_greedy"),
         "held-out success, greedy": summary["success_greedy"],
         "held-out success, sampled": summary["success_sampled"],
         "within 60 min": wall <= BUDGET_S,

@@ -385,7 +385,7 @@ def train(
     try:
         run.start(resume_from)
         print(f"run directory: {run_dir}", flush=True)
-        if run.evaluator is not None and not (run_dir / BEFORE_RL_FILE).is_file():
+        if run.evaluator is not None and run.iteration == 0:
             run.evaluate_before_rl()
         first, started = run.iteration, time.perf_counter()
         while run.iteration < config.run.iterations:

@@ -73,14 +73,9 @@ def play(
 
 
 def evaluate(
-    policy: OptionPolicy,
-    env: ReflectRLVectorEnv,
-    episodes: int,
-    greedy: bool,
-    seed: int = 0,
-    starts: list[str] | None = None,
+    policy: OptionPolicy, env: ReflectRLVectorEnv, episodes: int, greedy: bool, seed: int = 0
 ) -> EvalResult:
-    finished = play(policy, env, episodes, greedy, seed, starts)
+    finished = play(policy, env, episodes, greedy, seed)
     return EvalResult(
         episodes=len(finished),
         success_rate=float(np.mean([e["success"] for e in finished])),

@@ -33,8 +33,8 @@ POLICY_PREFIX = "policy."
 
 class ReflectRLModule(TorchRLModule, ValueFunctionAPI):
     """model_config keys: model_dir, label_token_ids, lora_r, lora_alpha, lora_target_modules,
-    seed, micro_batch_size, trim_padding, values_from_rollouts, gradient_checkpointing,
-    init_adapter (+ init_adapter_files), rollout_dtype."""
+    seed, micro_batch_size, trim_padding, share_prefix, values_from_rollouts,
+    gradient_checkpointing, init_adapter (+ init_adapter_files), rollout_dtype."""
 
     def setup(self) -> None:
         cfg = self.model_config

@@ -116,6 +116,7 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         self._starts = [""] * num_envs  # the listed start of each env's running episode
         self.finished: list[EpisodeRecord] = []
         self.counters = dict.fromkeys(COUNTERS, 0)  # since the last `pop_stats`
+        # Seconds spent since the last `pop_stats`, reported as these counters (in ms).
         self._seconds = {"env_ms": 0.0, "reflection_ms": 0.0, "policy_ms": 0.0}
         self._returned_at: float | None = None  # when the last observation went to RLlib
         self.last_prompts: list[str] = []
