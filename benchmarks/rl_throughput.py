@@ -136,6 +136,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         return child(args)
+    args.from_run = args.from_run.resolve()  # the children run in the measured checkout
     from benchmarks.common import print_table, write_results
 
     codes = [("baseline", args.baseline)] if args.baseline else []
