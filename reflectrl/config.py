@@ -59,7 +59,7 @@ class PolicyConfig(Strict):
     # right-padded to env.max_prompt_tokens); rows are grouped by length in the update.
     trim_padding: bool = True
     # Run the tokens every row of a batch starts with (the task header) once, and let every row
-    # attend to that one copy (exact; ~2x fewer LM FLOPs on Taxi's prompts).
+    # attend to that one copy (exact; cheaper by the header's share of the prompt).
     share_prefix: bool = True
     # The rollout workers' copy of the LM (scoring the menu while sampling); the learner always
     # trains in float32. Half precision is for workers on a GPU (run.num_gpus_per_worker).

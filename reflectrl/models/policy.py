@@ -9,9 +9,9 @@ Only the label rows of the LM head are multiplied, so no [batch, length, vocab] 
 ever built. Dropout is 0 everywhere so rollout (eval) and update (train) probabilities agree.
 With `trim_padding` each forward runs only up to the batch's longest real row: exact, since
 rows are right-padded and attention is causal (nothing real attends to the padding after it).
-With `share_prefix` the tokens every row of a batch starts with (the task header: ~45% of a
-Taxi prompt) go through the LM once, and every row attends to that one copy of their keys and
-values: the same attention, computed once (gradients flow back through the shared copy).
+With `share_prefix` the tokens every row of a batch starts with (the task header) go through the
+LM once, and every row attends to that one copy of their keys and values: the same attention,
+computed once (gradients flow back through the shared copy).
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ than one stream at a time; `mode="concurrent"` sends one request per prompt in p
 servers that reject list prompts.
 
 Greedy reflections (temperature 0) of a frozen model are a function of the prompt, so the
-client remembers the last `cache_size` of them and sends each distinct prompt once: Taxi has
-~1,000 distinct reflection prompts, so after a few thousand steps almost none reach the server.
+client remembers the last `cache_size` of them and sends each distinct prompt once: a Taxi
+reflection prompt is one of 500 states under one of 2 instructions, so after a few thousand
+steps almost none reach the server.
 """
 
 from __future__ import annotations
