@@ -15,6 +15,7 @@ the few seconds Ray takes to start); the run's config must be the recipe's.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -38,6 +39,17 @@ CURVE_KEYS = (
     "eval_success_rate_sampled",
 )
 BUDGET_S = 3600  # the recipe's promise: <= 60 min on 2 cores, install excluded
+
+
+def eval_by_stage(run: Path, summary: dict) -> dict:
+    """Held-out success per stage and decoding, from the run's eval JSON."""
+    if not summary["finished"]:
+        return {}
+    report = json.loads((run / summary["eval_file"]).read_text())
+    return {
+        decoding: {stage: s["success_rate"] for stage, s in report[decoding]["stages"].items()}
+        for decoding in ("greedy", "sampled")
+    }
 
 
 def main() -> None:
@@ -89,6 +101,7 @@ def main() -> None:
             "budget_s": BUDGET_S,
             "within_budget": wall <= BUDGET_S,
             "summary": summary,
+            "eval_by_stage": eval_by_stage(run, summary),
             "rl_curve": [{k: r.get(k) for k in CURVE_KEYS} for r in rows],
         },
     )

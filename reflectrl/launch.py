@@ -24,7 +24,7 @@ from reflectrl.config import ReflectRLConfig, dump_config
 from reflectrl.coordinator import CoordinatorCallback, Curriculum
 from reflectrl.envs.registry import make_text_env
 from reflectrl.errors import LearnerDiedError, ReflectionServerError
-from reflectrl.evaluation.report import write_json
+from reflectrl.evaluation.report import BEFORE_RL_FILE, write_json
 from reflectrl.evaluation.runner import Evaluator, PolicySource
 from reflectrl.learner.rl_module import POLICY_PREFIX, state_nbytes
 from reflectrl.metrics import MetricsSink, format_progress
@@ -37,7 +37,6 @@ from reflectrl.rollout_workers.error_sink import start_error_sink
 from reflectrl.worker_failures import WorkerFailureWatch
 
 logger = logging.getLogger(__name__)
-BEFORE_RL_FILE = "eval_before_rl.json"  # held-out success of the starting policy (eval.every)
 
 
 class Run:

@@ -9,6 +9,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+# Held-out success of the policy RL starts from, in the run directory (with eval.every).
+BEFORE_RL_FILE = "eval_before_rl.json"
 Z95 = 1.959964  # two-sided 95% quantile of the normal distribution
 
 

@@ -128,6 +128,7 @@ class Evaluator:
         tree = self.config.model_dump(mode="json")
         where = None if reflection is None else reflection.to_dict()
         self.actors = [remote.remote(tree, where, i + 1) for i in range(workers)]
+        self.starts = {stage: held_out_starts(self.config, stage) for stage in self.stages}
 
     def run(self, source: PolicySource, progress: bool = False) -> dict[str, Any]:
         """{"greedy": report, "sampled": report, "split": ..., "episodes_per_stage": ...}."""
@@ -141,7 +142,7 @@ class Evaluator:
         for decoding in DECODINGS:
             records: list[dict[str, Any]] = []
             for stage in self.stages:
-                starts = held_out_starts(self.config, stage)
+                starts = self.starts[stage]
                 jobs: list[tuple[int, list[str] | None]] = (
                     [(share, None) for share in slot_quotas(episodes, len(self.actors))]
                     if starts is None

@@ -14,6 +14,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from reflectrl.evaluation.report import BEFORE_RL_FILE
+
 # Two-sided 95% quantiles of Student's t by degrees of freedom (df > 30: the normal's).
 T95 = {
     1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
@@ -103,7 +105,7 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
             return_greedy=greedy["return_mean"],
             return_sampled=sampled["return_mean"],
         )
-    before = read_json(run_dir / "eval_before_rl.json")  # runs with eval.every
+    before = read_json(run_dir / BEFORE_RL_FILE)  # runs with eval.every
     if before is not None:
         summary["success_before_rl_greedy"] = before["eval_success_rate"]
         summary["success_before_rl_sampled"] = before["eval_success_rate_sampled"]
