@@ -13,9 +13,12 @@ reflection, a real vLLM server, starting both players from the SFT models of a f
   rendering prompts, waiting for reflections, the policy's forward pass and RLlib.
 
     python -m benchmarks.rl_throughput --from-run RUN [--baseline CHECKOUT] [--iterations 5]
+                                       [--variant NAME:KEY=VALUE[,KEY=VALUE]] [--no-plain]
 
 `--baseline` is a checkout of the older commit (`git worktree add /tmp/base <commit>`); its
 variants run with PYTHONPATH pointing there, so Ray's workers import that code too.
+`--variant` adds this checkout with overrides (e.g. `overlap:ppo.max_staleness=1`), compared
+with the first row of the same reflection setting; `--no-plain` skips the reflection-less rows.
 """
 
 from __future__ import annotations
@@ -95,7 +98,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def measure(code: Path, name: str, reflection: bool, args: argparse.Namespace) -> dict[str, Any]:
+def measure(
+    code: Path, name: str, reflection: bool, args: argparse.Namespace, extra: list[str]
+) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(code), "HF_HUB_OFFLINE": "1"}
     env.setdefault("RAY_AUTH_MODE", "disabled")
     # The script by path, from the measured checkout: `-m` would put this checkout first.
@@ -106,7 +111,7 @@ def measure(code: Path, name: str, reflection: bool, args: argparse.Namespace) -
     ]  # fmt: skip
     if reflection:
         command.append("--reflection")
-    for text in args.set:
+    for text in [*args.set, *extra]:
         command += ["--set", text]
     commit = subprocess.run(
         ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=code
@@ -132,6 +137,8 @@ def main() -> None:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--code", type=Path, default=REPO, help=argparse.SUPPRESS)
     parser.add_argument("--reflection", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--variant", action="append", default=[], help="NAME:KEY=VALUE[,...]")
+    parser.add_argument("--no-plain", action="store_true", help="only the runs with reflection")
     parser.add_argument("--out", default="rl_throughput")
     args = parser.parse_args()
     if args.child:
@@ -139,19 +146,21 @@ def main() -> None:
     args.from_run = args.from_run.resolve()  # the children run in the measured checkout
     from benchmarks.common import print_table, write_results
 
-    codes = [("baseline", args.baseline)] if args.baseline else []
-    codes.append(("this", REPO))
+    codes: list[tuple[str, Path, list[str]]] = []
+    if args.baseline:
+        codes.append(("baseline", args.baseline, []))
+    codes.append(("this", REPO, []))
+    for text in args.variant:
+        name, _, overrides = text.partition(":")
+        codes.append((name, REPO, overrides.split(",")))
     rows = [
-        measure(code, name, reflection, args)
-        for reflection in (True, False)
-        for name, code in codes
+        measure(code, name, reflection, args, extra)
+        for reflection in ((True,) if args.no_plain else (True, False))
+        for name, code, extra in codes
     ]
     for row in rows:
-        base = next(
-            (r for r in rows if r["code"] == "baseline" and r["reflection"] == row["reflection"]),
-            None,
-        )
-        if base is not None:
+        base = next(r for r in rows if r["reflection"] == row["reflection"])
+        if base is not row:
             row["end_to_end_vs_baseline"] = (
                 row["end_to_end_steps_per_s"] / base["end_to_end_steps_per_s"]
             )

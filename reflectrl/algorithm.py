@@ -1,24 +1,153 @@
 """The RLlib PPO algorithm of a run, configured from our config: our RLModule and learner, the
-vector env on every rollout worker, the coordinator callback, fault tolerance and seeding."""
+vector env on every rollout worker, the coordinator callback, fault tolerance and seeding.
+
+`ReflectRLPPO` is RLlib's PPO with one more way to run an iteration (`ppo.max_staleness=1`):
+the workers sample the next batch while the learner updates on the one just collected, so
+sampling and learning overlap and each batch is learned from one update after the weights that
+sampled it. At `max_staleness=0` it is RLlib's own `training_step`, untouched.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from ray.rllib.algorithms.ppo import PPOConfig
+from ray.rllib.algorithms.ppo import PPO, PPOConfig
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+from ray.rllib.utils.metrics import (
+    ALL_MODULES,
+    ENV_RUNNER_RESULTS,
+    ENV_RUNNER_SAMPLING_TIMER,
+    LEARNER_RESULTS,
+    LEARNER_UPDATE_TIMER,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    NUM_MODULE_STEPS_TRAINED_LIFETIME,
+    SYNCH_WORKER_WEIGHTS_TIMER,
+    TIMERS,
+)
 from ray.tune.registry import register_env
 
 from reflectrl.config import ReflectRLConfig
 from reflectrl.coordinator import CoordinatorCallback
 from reflectrl.learner.ppo_learner import ReflectRLPPOLearner
-from reflectrl.learner.rl_module import ReflectRLModule
+from reflectrl.learner.rl_module import WEIGHTS_VERSION, ReflectRLModule
 from reflectrl.node_files import pack_dir
 from reflectrl.preflight import PolicySpec
 from reflectrl.reflection.endpoint import ReflectionEndpoint
 from reflectrl.rollout_workers.runner_env import env_config_for, make_vector_env
 
 ENV_ID = "reflectrl_vector_env"
+SAMPLE_TAG = "reflectrl_sample"
+
+
+def _sample_with_stats(runner: Any) -> tuple[Any, Any, Any]:
+    # The worker's own counts leave with its batch: asked for later, the call would queue on
+    # the worker behind the next batch, which is already being sampled.
+    return runner.sample(), runner.get_metrics(), runner.env.unwrapped.pop_stats()
+
+
+class ReflectRLPPOConfig(PPOConfig):
+    def __init__(self, algo_class: Any = None) -> None:
+        super().__init__(algo_class=algo_class or ReflectRLPPO)
+        self.max_staleness = 0  # ppo.max_staleness
+
+
+class ReflectRLPPO(PPO):
+    """PPO whose sampling of batch k+1 runs while the learner updates on batch k (staleness 1).
+
+    Per iteration: wait for the batch in flight -> send the weights of the last update and
+    start the next batch (a worker runs its calls in order, so that batch uses those weights)
+    -> update on the collected batch in the meantime. Its rows carry the log-probs and the
+    weights version they were sampled with: the PPO ratio is against the sampling policy, and
+    GAE recomputes the values of rows sampled with older weights (`ReflectRLModule`).
+    """
+
+    @classmethod
+    def get_default_config(cls) -> ReflectRLPPOConfig:
+        return ReflectRLPPOConfig()
+
+    def setup(self, config: Any) -> None:
+        super().setup(config)
+        # Set by each overlapped iteration, read by the coordinator and the run: the collected
+        # batch's worker stats (None: the coordinator pops them itself), the policy updates
+        # between its weights and the learner's, the weights versions its rows were sampled with.
+        self.sampled_stats: list[Any] | None = None
+        self.staleness = 0
+        self.sampled_versions: list[int] = []
+        self._updates = 0  # policy updates so far (in this process)
+        self._synced = 0  # updates the workers' weights include
+        self._sampled_at = 0  # `_synced` when the batch in flight was started
+        self._in_flight = 0  # workers sampling a batch
+        self._modules_to_sync: set[str] = set()
+
+    def training_step(self) -> None:
+        if self.config.max_staleness == 0:
+            return super().training_step()
+        group = self.env_runner_group
+        with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
+            if not self._in_flight:  # the first iteration (or every worker had failed)
+                self._start_sampling()
+            sampled_at = self._sampled_at
+            ready = group.fetch_ready_async_reqs(
+                tags=SAMPLE_TAG, timeout_seconds=self.config.sample_timeout_s
+            )
+            self._in_flight = 0
+            if not ready:
+                return
+            self._send_weights()
+            self._start_sampling()
+        results = [result for _, result in ready]
+        episodes = [episode for batch, _, _ in results for episode in batch]
+        self.metrics.aggregate([metrics for _, metrics, _ in results], key=ENV_RUNNER_RESULTS)
+        self.sampled_stats = [stats for _, _, stats in results]
+        self.staleness = self._updates - sampled_at
+        self.sampled_versions = _weights_versions(episodes)
+        with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
+            learner_results = self.learner_group.update(
+                episodes=episodes,
+                timesteps={
+                    NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
+                        (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME)
+                    ),
+                    NUM_MODULE_STEPS_TRAINED_LIFETIME: self.metrics.peek(
+                        (LEARNER_RESULTS, ALL_MODULES, NUM_MODULE_STEPS_TRAINED_LIFETIME),
+                        default=0,
+                    ),
+                },
+                num_epochs=self.config.num_epochs,
+                minibatch_size=self.config.minibatch_size,
+                shuffle_batch_per_epoch=self.config.shuffle_batch_per_epoch,
+            )
+            self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
+        self._modules_to_sync = set(learner_results[0]) - {ALL_MODULES}
+        self._updates += 1
+
+    def _send_weights(self) -> None:
+        if self._synced == self._updates:
+            return
+        with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
+            # Fire and forget: each worker applies them before the batch it is sent next.
+            self.env_runner_group.sync_weights(
+                from_worker_or_learner_group=self.learner_group,
+                policies=self._modules_to_sync,
+                inference_only=True,
+            )
+        self._synced = self._updates
+
+    def _start_sampling(self) -> None:
+        self._in_flight = self.env_runner_group.foreach_env_runner_async(
+            _sample_with_stats, tag=SAMPLE_TAG
+        )
+        self._sampled_at = self._synced
+
+
+def _weights_versions(episodes: list[Any]) -> list[int]:
+    """The distinct weights versions (optimizer steps) the episodes' rows were sampled with."""
+    versions: set[int] = set()
+    for episode in episodes:
+        if WEIGHTS_VERSION in episode.extra_model_outputs:
+            versions.update(int(v) for v in episode.get_extra_model_outputs(WEIGHTS_VERSION))
+    return sorted(versions)
 
 
 def build_ppo_config(
@@ -28,16 +157,17 @@ def build_ppo_config(
     reflection: ReflectionEndpoint | None,
     error_sink: str | None = None,
     progress_board: str | None = None,
-) -> PPOConfig:
+) -> ReflectRLPPOConfig:
     ppo, policy, run = config.ppo, config.policy, config.run
     lora = policy.lora
     train_batch = ppo.batch_size(workers, config.env.envs_per_worker)
     per_learner = train_batch // max(1, run.num_learners)  # check_run: it divides
     # RLlib takes a registered name; the name lives in Ray's KV store, so workers find it.
     register_env(ENV_ID, make_vector_env)
+    algo_config = ReflectRLPPOConfig()
+    algo_config.max_staleness = ppo.max_staleness
     return (
-        PPOConfig()
-        .environment(
+        algo_config.environment(
             env=ENV_ID,
             env_config=env_config_for(config, reflection, error_sink, progress_board),
         )

@@ -146,6 +146,12 @@ class PPOSettings(Strict):
     # then hold no episode in flight, so a resumed run repeats a straight one exactly).
     batch_mode: Literal["truncate_episodes", "complete_episodes"] = "truncate_episodes"
     grad_clip: float = Field(1.0, gt=0)
+    # Policy updates the sampling weights may lag the learner's. 0: sample, then update
+    # (on-policy PPO, RLlib's own training step). 1: the workers sample the next batch while
+    # the learner updates on this one, so a batch is one update old when it is learned from
+    # (the PPO ratio is taken against the log-probs it was sampled with; `staleness` in
+    # metrics.jsonl). Deeper pipelines are not implemented.
+    max_staleness: int = Field(0, ge=0, le=1)
 
     def batch_size(self, workers: int, envs_per_worker: int) -> int:
         """Env steps per iteration for this many workers; ConfigError when it cannot work."""

@@ -157,9 +157,12 @@ class CoordinatorCallback(RLlibCallback):
     def on_train_result(self, *, algorithm: Any, result: dict, **kwargs: Any) -> None:
         if self.curriculum is None:
             return
-        per_worker = algorithm.env_runner_group.foreach_env_runner(
-            _pop_stats, local_env_runner=False
-        )
+        # Overlapped sampling (ppo.max_staleness=1) brings the stats with the batch.
+        per_worker = getattr(algorithm, "sampled_stats", None)
+        if per_worker is None:
+            per_worker = algorithm.env_runner_group.foreach_env_runner(
+                _pop_stats, local_env_runner=False
+            )
         episodes = [e for stats in per_worker for e in stats["episodes"]]
         for stats in per_worker:
             self.random_states[int(stats["worker_index"])] = stats["random_state"]

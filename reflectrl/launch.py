@@ -175,6 +175,8 @@ class Run:
             "weight_sync_bytes": self.weight_sync_bytes(),
             "adapter_version": self.adapter_version,
             "updated": updated,
+            # Policy updates between the weights that sampled this batch and the learner's.
+            "staleness": getattr(self.algo, "staleness", 0),
             "restarted_workers": ours.get("restarted_workers", 0),
             "reflection_restarts": self.reflection_restarts(),
             # Worker-seconds of this iteration's sampling, by what they were spent on.

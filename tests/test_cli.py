@@ -63,6 +63,26 @@ def test_help_lists_the_launch_options() -> None:
         ),
         (["--config", SMOKE, "--resume", "/nonexistent/run"], ["no config.yaml"]),
         (
+            ["--config", SMOKE, "--set", "ppo.max_staleness=-1"],
+            ["ppo.max_staleness", "greater than or equal to 0"],
+        ),
+        (
+            ["--config", SMOKE, "--set", "ppo.max_staleness=2"],
+            ["ppo.max_staleness", "less than or equal to 1"],
+        ),
+        (
+            ["--config", SMOKE, "--set", "curriculum.stages=[{name: drop, max_iterations: 5}]"],
+            ["curriculum.stages", "unknown stage 'drop'", "pickup, dropoff, full"],
+        ),
+        (
+            ["--config", SMOKE, "--set", "data.episodes=0"],
+            ["data.episodes", "greater than or equal to 1"],
+        ),
+        (
+            ["--config", SMOKE, "--set", "env.options.starts=[0]"],
+            ["env.options.starts", "0 is not a start state", "'train' split"],
+        ),
+        (
             ["--config", SMOKE, "--workers", "3", "--set", "ppo.train_batch_size=64"],
             ["ppo.train_batch_size=64", "3 workers", "ppo.rollout_fragment_length=16 = 96"],
         ),

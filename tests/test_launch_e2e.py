@@ -30,6 +30,7 @@ ROW_KEYS = {
     "env_steps_per_s",
     "weight_sync_bytes",
     "adapter_version",
+    "staleness",
 }
 
 pytestmark = pytest.mark.integration

@@ -2,7 +2,8 @@
 
 PPO: DangerousTaxi `pickup` from one fixed start (seed 7: two moves, "go south" then
 "pick up passenger"; every other first move ends the episode or wastes a step). The untrained
-greedy policy fails it; after a few iterations the greedy policy solves it.
+greedy policy fails it; after a few iterations the greedy policy solves it, also with sampling
+overlapped with learning (`ppo.max_staleness=1`).
 """
 
 from __future__ import annotations
@@ -21,10 +22,14 @@ ITERATIONS = 12
 pytestmark = pytest.mark.integration
 
 
-def test_ppo_beats_the_untrained_policy(tmp_path: Path, tokenizer: Any) -> None:
+@pytest.mark.parametrize("max_staleness", [0, 1])
+def test_ppo_beats_the_untrained_policy(tmp_path: Path, tokenizer: Any, max_staleness: int) -> None:
+    """Also with sampling overlapped with learning (`ppo.max_staleness=1`): each batch is then
+    one update old when learned from, which the rows' own weights versions confirm."""
     import ray
 
     from reflectrl.launch import Run
+    from reflectrl.learner.rl_module import WEIGHTS_VERSION
     from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
 
     config = load_config(
@@ -38,18 +43,23 @@ def test_ppo_beats_the_untrained_policy(tmp_path: Path, tokenizer: Any) -> None:
             "ppo.entropy_coeff=0.0",
             "ppo.num_epochs=4",
             "policy.lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]",
+            f"ppo.max_staleness={max_staleness}",
         ],
     )
     eval_env = ReflectRLVectorEnv(config, tokenizer, None, num_envs=2)
     eval_env.set_stage("pickup")
     ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
     run = Run(config, tmp_path / "run", workers=2)
+    rows, sampled_with, learner_versions = [], [], [0]
     try:
         run.start()
         policy = run.policy_copy()
         before_greedy = evaluate(policy, eval_env, episodes=4, greedy=True)
         before_sampled = evaluate(policy, eval_env, episodes=40, greedy=False, seed=1)
-        rows = [run.train_iteration() for _ in range(ITERATIONS)]
+        for _ in range(ITERATIONS):
+            rows.append(run.train_iteration())
+            sampled_with.append(list(run.algo.sampled_versions))
+            learner_versions.append(int(run.module_state()[WEIGHTS_VERSION]))
         policy.load_trainable_state(run.policy_state())
         after_greedy = evaluate(policy, eval_env, episodes=4, greedy=True)
         after_sampled = evaluate(policy, eval_env, episodes=40, greedy=False, seed=1)
@@ -60,6 +70,15 @@ def test_ppo_beats_the_untrained_policy(tmp_path: Path, tokenizer: Any) -> None:
     print("returns per iteration:", [round(x, 3) for x in returns])
     print("greedy before/after:", before_greedy, after_greedy)
     print("sampled before/after:", before_sampled, after_sampled)
+    staleness = [r["staleness"] for r in rows]
+    if max_staleness == 0:
+        assert staleness == [0] * ITERATIONS
+    else:  # the first batch is sampled before any update; each later one, one update behind
+        assert staleness == [0] + [1] * (ITERATIONS - 1)
+        # Batch k was sampled with the weights the learner had after update k - 2.
+        assert sampled_with[0] == [0]
+        assert sampled_with[1:] == [[v] for v in learner_versions[: ITERATIONS - 1]]
+        assert learner_versions[1] > 0
     assert before_greedy.success_rate == 0.0
     assert after_greedy.success_rate == 1.0
     assert after_greedy.return_mean > before_greedy.return_mean + 1.0

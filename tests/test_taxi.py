@@ -250,6 +250,23 @@ def test_fixed_start_seed() -> None:
         assert first == make(stage, split="all").reset(seed=123)[0]  # gymnasium's draw
 
 
+def test_listed_starts_are_the_only_starts() -> None:
+    starts = [21, 44, 101, 308, 492]  # train starts, 2-3 actions from a pick-up
+    env = make("pickup", starts=starts)
+    drawn = set()
+    for _ in range(200):
+        env.reset()
+        drawn.add(int(env.taxi.s))
+    assert drawn == set(starts)
+    assert env.start_ids("pickup") == [str(s) for s in starts]
+    with pytest.raises(ConfigError, match=r"starts: .*0 is not a start state of the 'train'"):
+        make_text_env("dangerous_taxi", {"starts": [21, 0]})
+    test_start = min(set(make("full", split="test").start_ids("full") or []), key=int)
+    with pytest.raises(ConfigError, match=f"{test_start} is not a start state of the 'train'"):
+        make_text_env("dangerous_taxi", {"starts": [int(test_start)]})
+    assert make_text_env("dangerous_taxi", {"starts": [int(test_start)], "split": "test"})
+
+
 def test_set_stage_applies_from_next_reset() -> None:
     env = make("pickup")
     env.reset(seed=0)

@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from gymnasium import spaces
 from gymnasium.envs.toy_text.taxi import MAP, TaxiEnv
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from reflectrl.envs.base import StepInfo, TextEnv, TextObservation
 from reflectrl.envs.registry import EnvSpec, register_env
@@ -66,6 +66,24 @@ class TaxiOptions(BaseModel):
     split: Literal["train", "test", "all"] = "train"
     test_fraction: float = Field(default=0.2, gt=0, lt=1)
     split_seed: int = 0
+    # Draw starts from these only (gymnasium's encoded states, each in `split`): a handful of
+    # fixed starts for small learning tests. None: the whole split.
+    starts: list[int] | None = Field(default=None, min_length=1)
+
+    @field_validator("starts")
+    @classmethod
+    def _starts_in_split(cls, starts: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        if starts is not None and {"split", "test_fraction", "split_seed"} <= info.data.keys():
+            split = info.data["split"]
+            allowed = set(start_states(split, info.data["test_fraction"], info.data["split_seed"]))
+            outside = [s for s in starts if s not in allowed]
+            if outside:
+                raise ValueError(
+                    f"{outside[0]} is not a start state of the {split!r} split (a taxi cell, a "
+                    "passenger spot and another destination, as gymnasium's TaxiEnv.encode "
+                    "numbers them); list starts of that split"
+                )
+        return starts
 
 
 class DangerousTaxiEnv(TextEnv):
@@ -146,6 +164,8 @@ class DangerousTaxiEnv(TextEnv):
 
     def _split_starts(self) -> tuple[int, ...]:
         o = self.options
+        if o.starts is not None:
+            return tuple(o.starts)
         return start_states(o.split, o.test_fraction, o.split_seed)
 
     def start_ids(self, stage: str) -> list[str] | None:
