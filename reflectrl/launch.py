@@ -24,7 +24,7 @@ from reflectrl.config import ReflectRLConfig, dump_config
 from reflectrl.coordinator import CoordinatorCallback, Curriculum
 from reflectrl.envs.registry import make_text_env
 from reflectrl.errors import LearnerDiedError, ReflectionServerError
-from reflectrl.evaluation.report import BEFORE_RL_FILE, write_json
+from reflectrl.evaluation.report import BEFORE_RL_FILE, sft_observations, write_json
 from reflectrl.evaluation.runner import Evaluator, PolicySource
 from reflectrl.learner.rl_module import POLICY_PREFIX, state_nbytes
 from reflectrl.metrics import MetricsSink, format_progress
@@ -107,7 +107,8 @@ class Run:
             self.run_dir, resume_from=self.iteration if resume_from is not None else None
         )
         if self.config.eval.every:
-            self.evaluator = Evaluator(self.config, self.reflection, self.workers)
+            seen = sft_observations(self.run_dir)
+            self.evaluator = Evaluator(self.config, self.reflection, self.workers, seen)
 
     @property
     def log_path(self) -> Path:

@@ -113,6 +113,47 @@ def test_held_out_eval_plays_every_start_exactly_once(tiny_dir: Path, tokenizer:
         taxi.reset(options={"start": str(start_states("train", 0.2, 0)[0])})
 
 
+def test_report_splits_out_episodes_on_states_the_sft_data_never_showed(
+    tmp_path: Path, tiny_dir: Path, tokenizer: Any
+) -> None:
+    """Data rows carry the digest of the state they were taken in; eval episodes the digests of
+    the states they acted on; `unseen_states` is over the episodes with one the data lacks."""
+    import json
+
+    from reflectrl.data.dataset import write_dataset
+    from reflectrl.envs.taxi import DangerousTaxiEnv, TaxiOptions
+    from reflectrl.evaluation.report import sft_observations
+
+    config = load_config(SMOKE, ["reflection.enabled=false"])
+    write_dataset(config, tmp_path / "data", episodes=6, seed=0, progress=False)
+    rows = [json.loads(x) for x in (tmp_path / "data" / "data.jsonl").read_text().splitlines()]
+    first = next(r for r in rows if r["step"] == 0 and r["stage"] == "full")
+    env = DangerousTaxiEnv(TaxiOptions(max_steps=12))
+    env.set_stage("full")
+    obs, _ = env.reset(options={"start": first["task"]})
+    assert obs.digest() == first["observation"]  # the data's digest is the env's
+    seen = sft_observations(tmp_path)
+    train_rows = {r["observation"] for r in rows if r["split"] == "train"}
+    assert seen == train_rows and seen
+    assert sft_observations(tmp_path / "nowhere") is None
+
+    held_out = load_config(SMOKE, ["reflection.enabled=false", "env.options.split=test"])
+    vector = ReflectRLVectorEnv(held_out, tokenizer, None, num_envs=4)
+    vector.record_observations = True
+    vector.set_stage("full")
+    records = play(OptionPolicy(tiny_dir, vector.label_ids), vector, 12, greedy=False, seed=3)
+    assert all(len(r["observed"]) == r["length"] > 0 for r in records)
+    everything = frozenset(d for r in records for d in r["observed"])
+    assert grouped(records, everything)["unseen_states"]["all"]["episodes"] == 0
+    assert grouped(records, frozenset())["unseen_states"]["all"]["episodes"] == len(records)
+    report = grouped(records, seen)
+    expected = [r for r in records if not set(r["observed"]) <= seen]
+    assert report["unseen_states"]["all"]["episodes"] == len(expected)
+    assert report["unseen_states"]["stages"]["full"]["episodes"] == len(expected)
+    assert "unseen states" in format_table({"greedy": report})
+    assert "unseen_states" not in grouped(records)
+
+
 def test_eval_samples_distinct_starts_when_asked_for_fewer() -> None:
     """`eval.episodes` below the number of starts: a seeded sample, each start at most once."""
     from reflectrl.evaluation.runner import eval_config, held_out_starts

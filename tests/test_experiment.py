@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from reflectrl.errors import ConfigError
 from reflectrl.experiment.grid import load_spec, plan, status
@@ -78,6 +79,11 @@ def test_a_run_dir_of_other_settings_is_refused_and_kept(tmp_path: Path) -> None
     config = load_config(spec.base, run.overrides)
     (run.dir / "config.yaml").write_text(dump_config(config))
     assert status(run, spec.base) == "resume"  # started, no stage finished
+    # A run from before a key existed: its config.yaml lacks it; at its default, no change.
+    older = yaml.safe_load(dump_config(config))
+    del older["ppo"]["max_staleness"]
+    (run.dir / "config.yaml").write_text(yaml.safe_dump(older))
+    assert status(run, spec.base) == "resume"
     other = dump_config(load_config(spec.base, [*run.overrides, "ppo.lr=0.5"]))
     (run.dir / "config.yaml").write_text(other)
     with pytest.raises(ConfigError, match="other settings"):

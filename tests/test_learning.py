@@ -86,6 +86,70 @@ def test_ppo_beats_the_untrained_policy(tmp_path: Path, tokenizer: Any, max_stal
     assert max(returns[-3:]) > returns[0] + 0.3
 
 
+# Five train starts, each 1-2 actions from a pick-up: at 2, 84 and 408 the taxi is at the
+# passenger's cell (the status line says so; "pick up passenger"), at 21 and 492 it is one cell
+# east of the passenger ("go west", then the pick-up). Every other first action ends the
+# episode or wastes a step. The decision rests on what the observation says; telling grids
+# apart by the taxi's cell alone is what a random-init trunk cannot do quickly
+# (benchmarks/grid_separation.py).
+HANDFUL = [2, 21, 84, 408, 492]
+
+
+def test_ppo_from_reward_alone_learns_pickup_from_a_handful_of_starts(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """No SFT, no reflection, a random-init model: PPO from the env's reward alone takes the
+    greedy policy from none of the five starts to at least 4 of 5, each start played once."""
+    import ray
+
+    from reflectrl.evaluation.episodes import play
+    from reflectrl.launch import Run
+    from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
+
+    config = load_config(
+        REPO / "configs" / "smoke.yaml",
+        [
+            "reflection.enabled=false",
+            "sft.enabled=false",
+            f"env.options.starts={HANDFUL}",
+            "env.options.max_steps=8",
+            "env.envs_per_worker=8",  # 2 workers x 8 envs x 16 = 256 env steps per iteration
+            "curriculum.stages=[{name: pickup}]",
+            "ppo.lr=0.003",
+            "ppo.entropy_coeff=0.0",
+            "ppo.num_epochs=4",
+            "ppo.minibatch_size=64",
+            "policy.lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]",
+        ],
+    )
+    eval_env = ReflectRLVectorEnv(config, tokenizer, None, num_envs=len(HANDFUL))
+    eval_env.set_stage("pickup")
+    starts = [str(s) for s in HANDFUL]
+
+    def greedy_success(policy: Any) -> float:
+        played = play(policy, eval_env, len(starts), greedy=True, starts=starts)
+        assert sorted(int(e["start"]) for e in played) == sorted(HANDFUL)
+        return sum(e["success"] for e in played) / len(played)
+
+    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
+    run = Run(config, tmp_path / "run", workers=2)
+    try:
+        run.start()
+        policy = run.policy_copy()
+        before = greedy_success(policy)
+        rows = [run.train_iteration() for _ in range(8)]
+        policy.load_trainable_state(run.policy_state())
+        after = greedy_success(policy)
+    finally:
+        run.close()
+        ray.shutdown()
+    print("training success per iteration:", [round(r["success_rate"], 2) for r in rows])
+    print("greedy success on the five starts, before/after:", before, after)
+    assert before == 0.0
+    assert after >= 0.8
+    assert max(r["success_rate"] for r in rows[-3:]) > rows[0]["success_rate"] + 0.3
+
+
 def test_sft_beats_the_untrained_policy_on_held_out_starts(
     tmp_path: Path, tiny_dir: Path, tokenizer: Any
 ) -> None:

@@ -55,6 +55,7 @@ class Step:
     taken_action: str  # what the episode did (a wrong action at a perturbed step)
     negative: bool
     perturbed: bool = False
+    observation: str = ""  # `TextObservation.digest()` of the state the step was taken in
 
 
 def make_writer(config: ReflectRLConfig) -> TemplateWriter | ApiWriter:
@@ -136,6 +137,7 @@ def write_dataset(
                         "perturbed": step.perturbed,
                         "expert_action": step.expert_action,
                         "taken_action": step.taken_action,
+                        "observation": step.observation,
                     }
                     f.write(json.dumps(row) + "\n")
                     counts[f"rows_{target}"] += 1
@@ -223,6 +225,7 @@ def episode_steps(
             taken_action=obs.actions[take],
             negative=last is not None and not last[2],
             perturbed=perturbed,
+            observation=obs.digest(),
         )
         before = demo.snapshot(env)
         action = obs.actions[take]

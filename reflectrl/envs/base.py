@@ -14,6 +14,7 @@ Each env's docstring says which it uses where, and why.
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -29,6 +30,11 @@ class TextObservation:
     instruction: str  # the task header; prompts never truncate it away
     observation: str  # the state as text, without the action menu
     actions: tuple[str, ...]  # the valid actions now, in the env's canonical order
+
+    def digest(self) -> str:
+        """A short fingerprint of the observation text: equal texts, equal digests (SFT data
+        rows and eval episodes carry it, to tell states the SFT data showed from new ones)."""
+        return hashlib.blake2b(self.observation.encode(), digest_size=8).hexdigest()
 
 
 @dataclass

@@ -102,6 +102,7 @@ def evaluate_with(
     """On a running Ray: evaluate, with the reflection server the config serves. `servers`
     (ReflectionServers) are reused when they serve the same model, else started here (log:
     `home/eval_reflection_server.log`) and stopped after."""
+    from reflectrl.evaluation.report import sft_observations
     from reflectrl.evaluation.runner import Evaluator, eval_config
     from reflectrl.reflection.actor import ReflectionServers
     from reflectrl.reflection.endpoint import ReflectionEndpoint
@@ -118,7 +119,7 @@ def evaluate_with(
                 endpoint = servers.start(r, home / "eval_reflection_server.log")
             else:
                 endpoint = ReflectionEndpoint.external(r)
-        evaluator = Evaluator(config, endpoint, workers)
+        evaluator = Evaluator(config, endpoint, workers, sft_observations(home))
         return evaluator.run(source, progress=True)
     finally:
         if evaluator is not None:

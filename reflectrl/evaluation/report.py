@@ -43,8 +43,27 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def grouped(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """`summarize` over all records, per stage, and per task kind where the env has kinds."""
+def sft_observations(run_dir: Path) -> frozenset[str] | None:
+    """Digests of every state the run's SFT data trained on (its `train` rows), or None where
+    the run has no such data (RL from scratch, an adapter, data written before digests)."""
+    path = run_dir / "data" / "data.jsonl"
+    if not path.is_file():
+        return None
+    seen: set[str] = set()
+    with path.open() as f:
+        for line in f:
+            row = json.loads(line)
+            if not row.get("observation"):
+                return None
+            if row["split"] == "train":
+                seen.add(row["observation"])
+    return frozenset(seen)
+
+
+def grouped(records: list[dict[str, Any]], seen: frozenset[str] | None = None) -> dict[str, Any]:
+    """`summarize` over all records, per stage, and per task kind where the env has kinds.
+    With `seen` (`sft_observations`), also over the episodes that acted on at least one state
+    the SFT data never showed (`unseen_states`), in all and per stage."""
     by_stage: dict[str, list[dict[str, Any]]] = defaultdict(list)
     by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for record in records:
@@ -57,6 +76,13 @@ def grouped(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
     if by_kind:
         report["kinds"] = {kind: summarize(rows) for kind, rows in sorted(by_kind.items())}
+    if seen is not None:
+        new = [r for r in records if any(d not in seen for d in r.get("observed", ()))]
+        stages = {stage: [r for r in new if r["stage"] == stage] for stage in by_stage}
+        report["unseen_states"] = {
+            "all": summarize(new),
+            "stages": {stage: summarize(rows) for stage, rows in stages.items()},
+        }
     return report
 
 
@@ -74,6 +100,11 @@ def format_table(report: dict[str, Any]) -> str:
         if len(part["stages"]) > 1:
             groups += [(f"stage {k}", v) for k, v in part["stages"].items()]
         groups += [(f"kind {k}", v) for k, v in part.get("kinds", {}).items()]
+        if "unseen_states" in part:  # episodes that met a state the SFT data never showed
+            unseen = part["unseen_states"]
+            groups.append(("unseen states", unseen["all"]))
+            if len(unseen["stages"]) > 1:
+                groups += [(f"unseen {k}", v) for k, v in unseen["stages"].items()]
         for name, s in groups:
             low, high = s["success_ci95"]
             interval = f"[{low:.2f}, {high:.2f}]"

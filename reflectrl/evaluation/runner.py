@@ -73,6 +73,7 @@ class EvalWorker:
         }
         self.env = make_vector_env(ctx)
         self.env.set_worker_index(index)
+        self.env.record_observations = True  # for `unseen_states` in the report
         lora = parsed.policy.lora
         self.policy = OptionPolicy(
             resolve_model(parsed.policy.model),
@@ -121,9 +122,14 @@ class Evaluator:
     """`workers` eval actors, reused across evaluations (they hold a copy of the policy LM)."""
 
     def __init__(
-        self, config: ReflectRLConfig, reflection: ReflectionEndpoint | None, workers: int
+        self,
+        config: ReflectRLConfig,
+        reflection: ReflectionEndpoint | None,
+        workers: int,
+        sft_seen: frozenset[str] | None = None,
     ) -> None:
         self.config, self.stages = eval_config(config)
+        self.sft_seen = sft_seen  # `report.sft_observations` of the run, if it has SFT data
         remote = ray.remote(num_cpus=0)(EvalWorker)
         tree = self.config.model_dump(mode="json")
         where = None if reflection is None else reflection.to_dict()
@@ -156,7 +162,7 @@ class Evaluator:
                 records += [r for part in ray.get(calls) for r in part]
                 if progress:
                     print(f"eval: {decoding} {stage}: {len(records)} episodes", file=sys.stderr)
-            report[decoding] = grouped(records)
+            report[decoding] = grouped(records, self.sft_seen)
         return report
 
     def close(self) -> None:

@@ -108,7 +108,8 @@ def status(run: PlannedRun, base: str) -> str:
     if not saved.is_file():
         return "new"
     config = load_config(base, run.overrides)
-    if saved.read_text() != dump_config(config):
+    # Compared as validated configs: a key added since the run, at its default, is no change.
+    if dump_config(load_config(saved, [])) != dump_config(config):
         raise ConfigError(
             f"{run.dir} was run with other settings than the experiment file now gives; move "
             "it away or pass another --output (nothing was changed)"

@@ -104,7 +104,14 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
             success_sampled_ci95=sampled["success_ci95"],
             return_greedy=greedy["return_mean"],
             return_sampled=sampled["return_mean"],
+            success_greedy_by_stage={
+                stage: s["success_rate"] for stage, s in report["greedy"]["stages"].items()
+            },
         )
+        unseen = report["greedy"].get("unseen_states")
+        if unseen is not None:  # episodes that met a state the SFT data never showed
+            summary["unseen_states_episodes"] = unseen["all"]["episodes"]
+            summary["success_greedy_unseen_states"] = unseen["all"]["success_rate"]
     before = read_json(run_dir / BEFORE_RL_FILE)  # runs with eval.every
     if before is not None:
         summary["success_before_rl_greedy"] = before["eval_success_rate"]

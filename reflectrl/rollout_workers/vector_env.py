@@ -50,6 +50,8 @@ class EpisodeRecord:
     env_index: int = 0  # which of the worker's envs played it
     kind: str = ""  # the env's `episode_kind` (ALFWorld: the task type)
     start: str = ""  # the listed start it played (`set_starts`); "" for a drawn one
+    # Digests of the observations it acted on (`record_observations`; held-out eval only).
+    observed: tuple[str, ...] = ()
 
 
 class Reflector:
@@ -114,6 +116,9 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         # Listed starts each env plays next, in order (held-out eval); then drawn ones.
         self._start_queues: list[list[str]] = [[] for _ in range(num_envs)]
         self._starts = [""] * num_envs  # the listed start of each env's running episode
+        # Eval turns this on to tell states the SFT data showed from new ones.
+        self.record_observations = False
+        self._observed: list[list[str]] = [[] for _ in range(num_envs)]
         self.finished: list[EpisodeRecord] = []
         self.counters = dict.fromkeys(COUNTERS, 0)  # since the last `pop_stats`
         # Seconds spent since the last `pop_stats`, reported as these counters (in ms).
@@ -297,6 +302,7 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         obs, _ = self.envs[i].reset(seed=seed, options=options)
         self._returns[i] = 0.0
         self._lengths[i] = 0
+        self._observed[i] = []
         return obs
 
     def _record_episode(self, i: int, success: bool) -> None:
@@ -309,6 +315,7 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
                 env_index=i,
                 kind=self.envs[i].episode_kind,
                 start=self._starts[i],
+                observed=tuple(self._observed[i]),
             )
         )
 
@@ -316,6 +323,8 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         self, text_obs: list[TextObservation], reflect: list[bool], live: list[bool]
     ) -> dict[str, Any]:
         for i, obs in enumerate(text_obs):
+            if self.record_observations and live[i]:
+                self._observed[i].append(obs.digest())
             n = len(obs.actions)
             order = list(range(n))
             if self.config.env.shuffle_options:
