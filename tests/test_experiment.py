@@ -142,8 +142,10 @@ def test_tiny_grid_writes_its_report_and_skips_finished_runs(tmp_path: Path) -> 
     rl_runs = [r for r in results["runs"] if r["variant"] == "rl"]
     assert all(r["env_steps"] > 0 and r["rl_iterations"] == 1 for r in rl_runs)
     assert all(r["env_steps"] == 0 for r in results["runs"] if r["variant"] == "sft_only")
-    for plot in ("learning_curves.png", "heldout_success.png", "curriculum.png"):
+    for plot in ("heldout_success.png", "curriculum.png"):
         assert png_size(out / "plots" / plot) == (800, 450)
+    # 420 px per panel: training success and return (no eval.every, no held-out panel).
+    assert png_size(out / "plots" / "learning_curves.png") == (840, 420)
     md = (out / "results.md").read_text()
     assert "![plots/heldout_success.png](plots/heldout_success.png)" in md
     assert re.search(r"Commit: `[0-9a-f]{40}`", md)
@@ -168,3 +170,20 @@ def test_plots_mark_stage_switches_and_show_held_out_success(tmp_path: Path) -> 
     assert stage_switches(rows) == [(100, "full")]
     path = learning_curves({"run": [rows]}, tmp_path / "curves.png")
     assert path.stat().st_size > 1000
+
+
+def test_held_out_curve_and_its_mean_over_env_steps(tmp_path: Path) -> None:
+    from reflectrl.experiment.results import curve_mean, heldout_curve
+
+    rows = [
+        {"iteration": 1, "env_steps": 5, "stage": "pickup"},
+        {"iteration": 2, "env_steps": 10, "stage": "full", "eval_success_rate": 1.0},
+        {"iteration": 3, "env_steps": 20, "stage": "full", "eval_success_rate": 0.0},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    before = {"iteration": 0, "env_steps": 0, "eval_success_rate": 0.5}
+    (tmp_path / "eval_before_rl.json").write_text(json.dumps(before))
+    curve = heldout_curve(tmp_path)
+    assert curve == [[0.0, 0.5], [10.0, 1.0], [20.0, 0.0]]
+    assert curve_mean(curve) == pytest.approx((10 * 0.75 + 10 * 0.5) / 20)
+    assert curve_mean([[0.0, 0.3]]) is None

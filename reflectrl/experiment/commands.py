@@ -18,6 +18,7 @@ from reflectrl.experiment.results import (
     git_commit,
     markdown_table,
     run_summary,
+    with_start,
 )
 
 PLOTS = ("learning_curves.png", "heldout_success.png", "curriculum.png")
@@ -30,7 +31,7 @@ def write_report(file: Path, output: Path, runs: list[PlannedRun], command: str)
     for run in runs:
         summary = {"variant": run.variant, "seed": run.seed, **run_summary(run.dir)}
         summaries.setdefault(run.variant, []).append(summary)
-        rows = curve(run.dir)
+        rows = with_start(run.dir, curve(run.dir))
         if rows:
             curves.setdefault(run.variant, []).append(rows)
     variants = {name: aggregate(rows) for name, rows in summaries.items()}

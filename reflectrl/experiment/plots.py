@@ -70,7 +70,8 @@ def learning_curves(curves: Curves, out: Path) -> Path:
         if key != "eval_success_rate"
         or any(r.get(key) is not None for seeds in curves.values() for rows in seeds for r in rows)
     ]
-    fig, axes = plt.subplots(1, len(panels), figsize=FIGSIZE, dpi=DPI)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), dpi=DPI)
+    fig.suptitle("band: min-max over seeds; dotted: a stage switch", fontsize=8)
     for ax, (key, title) in zip(axes, panels, strict=True):
         for name, seeds in curves.items():
             banded = _banded(seeds, key)
@@ -83,7 +84,7 @@ def learning_curves(curves: Curves, out: Path) -> Path:
                 for at, _stage in stage_switches(rows):
                     ax.axvline(at, color=line.get_color(), linestyle=":", alpha=0.6, linewidth=1)
         ax.set_xlabel("env steps")
-        ax.set_title(f"{title}\n(band: min-max over seeds; dotted: stage switch)", fontsize=8)
+        ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3)
         if "success" in key:
             ax.set_ylim(-0.02, 1.02)

@@ -7,6 +7,7 @@ with their wall time). Nothing is recomputed from models.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import statistics
@@ -116,11 +117,42 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
     if before is not None:
         summary["success_before_rl_greedy"] = before["eval_success_rate"]
         summary["success_before_rl_sampled"] = before["eval_success_rate_sampled"]
+        points = heldout_curve(run_dir)
+        summary["heldout_curve"] = points
+        summary["heldout_curve_mean"] = curve_mean(points)
     for player in ("reflection", "policy"):
         sft = stages.get("sft", {}).get(player)
         if sft:
             summary[f"sft_{player}_eval_loss"] = sft["loss_after"].get("eval")
     return summary
+
+
+def with_start(run_dir: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`curve` rows after a row at 0 env steps holding the held-out success before RL (in the
+    first iteration's stage), where the run measured it: the curves' first point."""
+    before = read_json(run_dir / BEFORE_RL_FILE)
+    if before is None or not rows:
+        return rows
+    start = {"iteration": 0, "stage": rows[0]["stage"], "iteration_s": 0.0}
+    return [{**start, **before, "env_steps": 0}, *rows]
+
+
+def heldout_curve(run_dir: Path) -> list[list[float]]:
+    """[env steps, held-out greedy success] before RL and at every `eval.every` iteration."""
+    return [
+        [float(r["env_steps"]), float(r["eval_success_rate"])]
+        for r in with_start(run_dir, curve(run_dir))
+        if "eval_success_rate" in r
+    ]
+
+
+def curve_mean(curve: list[list[float]]) -> float | None:
+    """The held-out curve's mean over env steps (trapezoids; the area under it over its
+    length): equal budgets compare on the whole curve, not only at its end."""
+    if len(curve) < 2 or curve[-1][0] <= 0:
+        return None
+    area = sum((x2 - x1) * (y1 + y2) / 2 for (x1, y1), (x2, y2) in itertools.pairwise(curve))
+    return area / curve[-1][0]
 
 
 def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
