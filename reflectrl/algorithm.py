@@ -12,7 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import ray
 from ray.rllib.algorithms.ppo import PPO, PPOConfig
+from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.utils.metrics import (
     ALL_MODULES,
@@ -24,6 +26,7 @@ from ray.rllib.utils.metrics import (
     NUM_MODULE_STEPS_TRAINED_LIFETIME,
     SYNCH_WORKER_WEIGHTS_TIMER,
     TIMERS,
+    WEIGHTS_SEQ_NO,
 )
 from ray.tune.registry import register_env
 
@@ -126,11 +129,22 @@ class ReflectRLPPO(PPO):
         if self._synced == self._updates:
             return
         with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
-            # Fire and forget: each worker applies them before the batch it is sent next.
-            self.env_runner_group.sync_weights(
-                from_worker_or_learner_group=self.learner_group,
-                policies=self._modules_to_sync,
-                inference_only=True,
+            modules = [
+                f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{m}" for m in self._modules_to_sync
+            ]
+            state = self.learner_group.get_state(components=modules, inference_only=True)
+            learner = state[COMPONENT_LEARNER]
+            weights = {
+                k: v for k, v in learner.items() if k in (COMPONENT_RL_MODULE, WEIGHTS_SEQ_NO)
+            }
+            # Fire and forget, to every worker: each applies them before the batch it is sent
+            # next. (RLlib's `sync_weights` skips a worker whose previous sync it has not yet
+            # seen answered, which left some rows of a batch on older weights.)
+            self.env_runner_group.foreach_env_runner(
+                "set_state",
+                kwargs={"state": ray.put(weights)},
+                local_env_runner=False,
+                timeout_seconds=0.0,
             )
         self._synced = self._updates
 
