@@ -24,7 +24,12 @@ T95 = {
 }  # fmt: skip
 PIPELINE_ORDER = ("data", "sft", "rl", "eval")
 NO_BOUNDS = (-math.inf, math.inf)
-BOUNDS = {"success_greedy": (0.0, 1.0), "success_sampled": (0.0, 1.0), "env_steps": (0, math.inf)}
+BOUNDS = {
+    "success_greedy": (0.0, 1.0),
+    "success_sampled": (0.0, 1.0),
+    "env_steps": (0, math.inf),
+    "wall_s": (0, math.inf),
+}
 METRICS = ("success_greedy", "success_sampled", "return_greedy", "env_steps", "wall_s")
 
 
