@@ -88,8 +88,9 @@ def test_cli_smoke_pipeline_runs_every_stage_and_resumes(tmp_path: Path) -> None
     greedy = report["greedy"]["all"]["success_rate"]
     assert re.search(rf"held-out success, greedy +{greedy:.3f} \[", table), table
     assert "rl: iterations / env steps" in table
-    for plot in ("learning_curves.png", "curriculum.png"):
-        assert png_size(run / "plots" / plot) == (800, 450)
+    assert png_size(run / "plots" / "curriculum.png") == (800, 450)
+    # 420 px per panel: training success, return and held-out success (eval.every).
+    assert png_size(run / "plots" / "learning_curves.png") == (1260, 420)
         assert str(out / "plots" / plot) in result.stdout
 
     rows = read_rows(run)
