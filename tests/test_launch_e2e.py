@@ -91,6 +91,7 @@ def test_cli_smoke_pipeline_runs_every_stage_and_resumes(tmp_path: Path) -> None
     assert png_size(run / "plots" / "curriculum.png") == (800, 450)
     # 420 px per panel: training success, return and held-out success (eval.every).
     assert png_size(run / "plots" / "learning_curves.png") == (1260, 420)
+    for plot in ("learning_curves.png", "curriculum.png"):
         assert str(out / "plots" / plot) in result.stdout
 
     rows = read_rows(run)
