@@ -156,6 +156,24 @@ def test_tiny_grid_writes_its_report_and_skips_finished_runs(tmp_path: Path) -> 
     assert again.stdout.count("finished earlier; skipped") == 4
     assert "run 1/" not in again.stdout
 
+    # --export keeps what the report reads (no models, data or checkpoints), and the report
+    # rebuilt from that copy alone has the same figures.
+    kept = tmp_path / "kept"
+    result = run_cli("experiment", str(spec_file), "--output", str(out), "--report-only",
+                     "--export", str(kept))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "exported 4 runs" in result.stdout
+    files = {str(p.relative_to(kept / "rl-seed0")) for p in (kept / "rl-seed0").rglob("*")}
+    assert {"config.yaml", "metrics.jsonl", "eval_test.json", "stages/eval.json"} <= files
+    assert not any(f.startswith(("sft", "data", "checkpoints")) for f in files)
+    rebuilt = run_cli("experiment", str(spec_file), "--output", str(kept), "--report-only")
+    assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
+    again = json.loads((kept / "results.json").read_text())
+    assert again["variants"] == results["variants"]
+    refused = run_cli("experiment", str(spec_file), "--output", str(out), "--report-only",
+                      "--export", str(out))  # fmt: skip
+    assert refused.returncode == 2 and "is the runs' own folder" in refused.stderr
+
 
 def test_plots_mark_stage_switches_and_show_held_out_success(tmp_path: Path) -> None:
     from reflectrl.experiment.plots import learning_curves, stage_switches
@@ -187,3 +205,22 @@ def test_held_out_curve_and_its_mean_over_env_steps(tmp_path: Path) -> None:
     assert curve == [[0.0, 0.5], [10.0, 1.0], [20.0, 0.0]]
     assert curve_mean(curve) == pytest.approx((10 * 0.75 + 10 * 0.5) / 20)
     assert curve_mean([[0.0, 0.3]]) is None
+
+
+def test_detail_table_averages_each_figure_over_the_seeds_that_have_it() -> None:
+    from reflectrl.experiment.results import detail_table
+
+    runs = [
+        {"variant": "rl", "finished": True, "success_greedy_by_stage": {"full": 0.5, "pickup": 1.0},
+         "success_before_rl_greedy": 0.2, "heldout_curve_mean": 0.4},
+        {"variant": "rl", "finished": True, "success_greedy_by_stage": {"full": 0.3, "pickup": 0.0},
+         "success_before_rl_greedy": 0.4, "success_greedy_unseen_states": 0.25},
+        {"variant": "rl", "finished": False},
+        {"variant": "sft", "finished": True, "success_greedy_by_stage": {"full": 0.9}},
+    ]  # fmt: skip
+    lines = detail_table(runs).splitlines()
+    assert lines[0] == (
+        "| variant | pickup | full | before RL | curve mean | on unseen states |"
+    )  # the curriculum's order, not the alphabet's
+    assert lines[2] == "| rl | 0.500 (2) | 0.400 (2) | 0.300 (2) | 0.400 (1) | 0.250 (1) |"
+    assert lines[3] == "| sft | n/a | 0.900 (1) | n/a | n/a | n/a |"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from reflectrl.experiment.grid import PlannedRun, load_spec, plan, run_grid
 from reflectrl.experiment.results import (
     aggregate,
     curve,
+    detail_table,
     git_commit,
     markdown_table,
     run_summary,
@@ -22,6 +24,9 @@ from reflectrl.experiment.results import (
 )
 
 PLOTS = ("learning_curves.png", "heldout_success.png", "curriculum.png")
+# What the report reads from a run, and all that `--export` keeps of it: a few dozen KB,
+# against megabytes of models, checkpoints and data.
+RUN_RECORD = ("config.yaml", "metrics.jsonl", "eval_*.json", "stages/*.json")
 
 
 def write_report(file: Path, output: Path, runs: list[PlannedRun], command: str) -> dict[str, Any]:
@@ -40,9 +45,15 @@ def write_report(file: Path, output: Path, runs: list[PlannedRun], command: str)
                for key in ("success_greedy", "success_sampled")}
         for name, rows in summaries.items()
     }  # fmt: skip
+    # Variants without RL (SFT only) have no curve: their held-out success is a level line.
+    levels = {
+        f"{name} (mean of {stat['success_greedy']['n']} seeds)": stat["success_greedy"]["mean"]
+        for name, stat in variants.items()
+        if name not in curves and stat["success_greedy"]["mean"] is not None
+    }
     folder = output / "plots"
     made = [
-        plots.learning_curves(curves, folder / PLOTS[0]),
+        plots.learning_curves(curves, folder / PLOTS[0], levels),
         plots.success_bars(variants, per_seed, folder / PLOTS[1]),
         plots.curriculum(curves, folder / PLOTS[2]),
     ]
@@ -72,6 +83,12 @@ def _markdown(results: dict[str, Any]) -> str:
         "",
         markdown_table(results["variants"]),
         "",
+        "Greedy held-out success per curriculum stage, before RL (the SFT policy), as the mean "
+        "of the held-out curve over env steps, and on the episodes that acted on a state the "
+        "SFT data never showed: mean over the seeds that have the figure (how many).",
+        "",
+        detail_table(results["runs"]),
+        "",
         "## Runs",
         "",
         "| variant | seed | success, greedy | success, sampled | env steps | wall time (min) |",
@@ -89,6 +106,27 @@ def _markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def export_runs(runs: list[PlannedRun], dest: Path) -> list[PlannedRun]:
+    """Copy the RUN_RECORD files of every finished run into DEST/<run>/ (replacing an older
+    copy of that run); the runs copied, as planned in DEST."""
+    exported = []
+    for run in runs:
+        if not run_summary(run.dir)["finished"]:
+            continue
+        files = [p for pattern in RUN_RECORD for p in sorted(run.dir.glob(pattern))]
+        target = dest / run.name
+        staging = dest / f".{run.name}.tmp"
+        shutil.rmtree(staging, ignore_errors=True)
+        for path in files:
+            copy = staging / path.relative_to(run.dir)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, copy)
+        shutil.rmtree(target, ignore_errors=True)
+        staging.replace(target)
+        exported.append(PlannedRun(run.variant, run.seed, target, run.overrides))
+    return exported
+
+
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
@@ -98,7 +136,7 @@ def _atomic_write(path: Path, text: str) -> None:
 def command_line(args: argparse.Namespace) -> str:
     """The command that reproduces this grid (what results.md says was run)."""
     words = ["reflectrl", "experiment", str(args.file), "--workers", str(args.workers)]
-    for flag in ("output", "variants", "seeds", "address"):
+    for flag in ("output", "variants", "seeds", "address", "export"):
         if getattr(args, flag):
             words += [f"--{flag}", str(getattr(args, flag))]
     if args.parallel != 1:
@@ -124,6 +162,8 @@ def run_experiment(args: argparse.Namespace) -> int:
     file = Path(args.file)
     spec = load_spec(file)
     output = Path(args.output or Path("experiments") / "runs" / file.stem)
+    if args.export and Path(args.export).resolve() == output.resolve():
+        raise ConfigError(f"--export {args.export} is the runs' own folder; name another one")
     # Every run of the file may lend its data and SFT, also to a run outside --variants/--seeds.
     donors = plan(spec, output)
     spec.variants = {
@@ -153,6 +193,13 @@ def run_experiment(args: argparse.Namespace) -> int:
     results = write_report(file, output, runs, command_line(args))
     print(markdown_table(results["variants"]))
     print(f"report: {output / 'results.md'}; plots: {output / 'plots'}")
+    if args.export:
+        dest = Path(args.export)
+        kept = export_runs(runs, dest)
+        in_dest = [PlannedRun(r.variant, r.seed, dest / r.name, r.overrides) for r in runs]
+        write_report(file, dest, in_dest, command_line(args))
+        print(f"exported {len(kept)} runs and the report to {dest} (`--report-only --output "
+              f"{dest}` rebuilds it)")  # fmt: skip
     failed = {name: why for name, why in outcome.items() if why != "finished"}
     for name, why in failed.items():
         print(f"{name}: {why}; log: {output / 'logs' / f'{name}.log'}")
@@ -188,5 +235,12 @@ def add_commands(sub: Any) -> None:
         "--report-only",
         action="store_true",
         help="start nothing: write the report from the runs that finished so far",
+    )
+    parser.add_argument(
+        "--export",
+        metavar="DIR",
+        help="also copy the report and each run's small files (config, metrics, eval JSON, "
+        "stage markers) to DIR, a folder to commit: `--report-only --output DIR` rebuilds "
+        "the report from it",
     )
     parser.set_defaults(handler=run_experiment)

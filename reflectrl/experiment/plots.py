@@ -60,9 +60,10 @@ def stage_switches(rows: list[dict[str, Any]]) -> list[tuple[float, str]]:
     ]
 
 
-def learning_curves(curves: Curves, out: Path) -> Path:
+def learning_curves(curves: Curves, out: Path, levels: dict[str, float] | None = None) -> Path:
     """Training success, mean return and (where runs evaluated during RL) held-out success vs
-    env steps, one line per variant; dotted lines mark each run's curriculum switches."""
+    env steps, one line per variant; dotted lines mark each run's curriculum switches. `levels`:
+    the held-out success of variants without RL (SFT only), dashed across the held-out panel."""
     plt = _pyplot()
     panels = [
         (key, title)
@@ -83,6 +84,9 @@ def learning_curves(curves: Curves, out: Path) -> Path:
             for rows in seeds:
                 for at, _stage in stage_switches(rows):
                     ax.axvline(at, color=line.get_color(), linestyle=":", alpha=0.6, linewidth=1)
+        if key == "eval_success_rate":
+            for name, level in (levels or {}).items():
+                ax.axhline(level, color="black", linestyle="--", linewidth=1, label=name)
         ax.set_xlabel("env steps")
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3)
@@ -91,6 +95,8 @@ def learning_curves(curves: Curves, out: Path) -> Path:
     handles, _ = axes[0].get_legend_handles_labels()
     if handles:
         axes[0].legend(fontsize=7)
+    if levels and panels[-1][0] == "eval_success_rate":
+        axes[-1].legend(fontsize=7)
     return _save(fig, out)
 
 

@@ -23,6 +23,7 @@ T95 = {
     10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042,
 }  # fmt: skip
 PIPELINE_ORDER = ("data", "sft", "rl", "eval")
+PIPELINE_STAGES = {"pickup": 0, "dropoff": 1, "full": 2}  # Taxi's curriculum, in order
 NO_BOUNDS = (-math.inf, math.inf)
 BOUNDS = {
     "success_greedy": (0.0, 1.0),
@@ -196,6 +197,39 @@ def markdown_table(variants: dict[str, dict[str, Any]]) -> str:
             f"| {cell(v['return_greedy'])} | {cell(v['env_steps'], 0)} "
             f"| {cell(v['wall_s'], 1, 1 / 60)} |"
         )
+    return "\n".join(lines)
+
+
+DETAIL_COLUMNS = (
+    ("before RL", lambda r: r.get("success_before_rl_greedy")),
+    ("curve mean", lambda r: r.get("heldout_curve_mean")),
+    ("on unseen states", lambda r: r.get("success_greedy_unseen_states")),
+)
+
+
+def detail_table(runs: list[dict[str, Any]]) -> str:
+    """One row per variant, each cell the mean over its finished seeds that have the figure:
+    greedy success per stage, before RL, over the held-out curve, and on the episodes that met
+    a state the SFT data never showed."""
+    variants: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        if run["finished"]:
+            variants.setdefault(run["variant"], []).append(run)
+    stages = sorted({s for rows in variants.values() for r in rows
+                     for s in r.get("success_greedy_by_stage", {})},
+                    key=lambda s: (PIPELINE_STAGES.get(s, 99), s))  # fmt: skip
+    columns = [(stage, lambda r, s=stage: r.get("success_greedy_by_stage", {}).get(s))
+               for stage in stages] + list(DETAIL_COLUMNS)  # fmt: skip
+    lines = [
+        "| variant | " + " | ".join(name for name, _ in columns) + " |",
+        "|---|" + "---|" * len(columns),
+    ]
+    for name, rows in variants.items():
+        cells = []
+        for _, get in columns:
+            values = [get(r) for r in rows if get(r) is not None]
+            cells.append(f"{sum(values) / len(values):.3f} ({len(values)})" if values else "n/a")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
