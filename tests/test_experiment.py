@@ -224,3 +224,18 @@ def test_detail_table_averages_each_figure_over_the_seeds_that_have_it() -> None
     )  # the curriculum's order, not the alphabet's
     assert lines[2] == "| rl | 0.500 (2) | 0.400 (2) | 0.300 (2) | 0.400 (1) | 0.250 (1) |"
     assert lines[3] == "| sft | n/a | 0.900 (1) | n/a | n/a | n/a |"
+
+
+def test_runs_that_differ_only_in_rl_settings_share_their_data_and_sft() -> None:
+    from reflectrl.config import load_config
+    from reflectrl.experiment.grid import warm_start_key
+
+    def key(*overrides: str) -> str | None:
+        return warm_start_key(load_config(SMOKE, list(overrides)))
+
+    lora = ["policy.lora.r=32", "policy.lora.target_modules=[q_proj,k_proj,v_proj,o_proj]"]
+    assert key("sft.method=full") == key("sft.method=full", *lora)  # RL's LoRA only
+    assert key("sft.method=full") == key("sft.method=full", "ppo.lr=0.5", "eval.every=3")
+    assert key("sft.method=lora") != key("sft.method=lora", *lora)  # the SFT adapter's shape
+    assert key("sft.method=full") != key("sft.method=full", "data.episodes=7")
+    assert key("sft.enabled=false") is None
