@@ -1,0 +1,153 @@
+"""How fast can a policy trunk learn to read the Taxi grid when it is *told* the answer? The
+upper bound on what PPO from reward can teach it.
+
+Supervised, not RL: the whole random-init trunk plus a linear head over the 6 actions is
+trained (Adam, batch 32) on the expert's first action at every train start of stage `pickup`
+(no reflection in the prompt; the menu in canonical order), and scored on the held-out test
+starts every `--every` steps. A trunk that needs thousands of labelled steps to get there
+cannot be taught it by a few successes per PPO iteration (benchmarks/random_exploration.py).
+
+Trunks: `recipe` is the CPU recipe's model (`scratch:dangerous_taxi`: a 2 x 128 Llama, RoPE);
+`gpt2` has the same size with learned absolute positions (the paper's family); `llama_4x256`
+is wider and deeper.
+
+    python -m benchmarks.grid_reading [--steps 1000] [--every 200] [--trunk recipe ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import print_table, write_results
+
+REPO = Path(__file__).resolve().parents[1]
+TRUNKS = ("recipe", "gpt2", "llama_4x256")
+
+
+def pickup_rows(tokenizer: Any, split: str) -> tuple[Any, Any, Any]:
+    """(input ids [starts, length], each row's last real position, the expert's first
+    actions) of every start of `split` (rows are right-padded: the status line's length
+    varies)."""
+    import torch
+
+    from reflectrl.config import load_config
+    from reflectrl.envs.taxi import expert_action
+    from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
+
+    overrides = ["reflection.enabled=false", "env.shuffle_options=false",
+                 f"env.options.split={split}"]  # fmt: skip
+    config = load_config(REPO / "configs" / "cpu.yaml", overrides)
+    env = ReflectRLVectorEnv(config, tokenizer, None, num_envs=1)
+    env.set_stage("pickup")
+    ids, actions = [], []
+    for start in env.envs[0].unwrapped.start_ids("pickup") or []:
+        env.set_starts([[start]])
+        obs, _ = env.reset()
+        ids.append(torch.as_tensor(obs["input_ids"])[0])
+        actions.append(expert_action(env.envs[0].unwrapped))
+    x = torch.stack(ids)
+    last = (x != tokenizer.pad_token_id).sum(1) - 1
+    return x[:, : int(last.max()) + 1], last, torch.tensor(actions)
+
+
+def build_trunk(name: str, model_dir: Path, vocab: int) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
+
+    from reflectrl.models.loading import load_causal_lm
+
+    if name == "recipe":
+        return load_causal_lm(model_dir)
+    if name == "gpt2":
+        config: Any = GPT2Config(
+            vocab_size=vocab, n_embd=128, n_layer=2, n_head=2, n_inner=256, n_positions=512,
+            resid_pdrop=0, embd_pdrop=0, attn_pdrop=0, bos_token_id=None, eos_token_id=None,
+        )  # fmt: skip
+    else:
+        config = LlamaConfig(
+            vocab_size=vocab, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True,
+        )  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return AutoModelForCausalLM.from_config(config)
+
+
+def learning_curve(name: str, steps: int, every: int) -> dict[str, Any]:
+    import torch
+
+    from reflectrl.models.loading import load_tokenizer, resolve_model
+
+    model_dir = resolve_model("scratch:dangerous_taxi")
+    tokenizer = load_tokenizer(model_dir)
+    x_train, last_train, y_train = pickup_rows(tokenizer, "train")
+    x_test, last_test, y_test = pickup_rows(tokenizer, "test")
+    pad = tokenizer.pad_token_id
+    trunk = build_trunk(name, model_dir, len(tokenizer))
+    torch.manual_seed(0)
+    head = torch.nn.Linear(trunk.config.hidden_size if name != "gpt2" else 128, 6)
+    optimizer = torch.optim.Adam([*trunk.parameters(), *head.parameters()], lr=1e-3)
+    draw = torch.Generator().manual_seed(0)
+
+    def logits(x: Any, last: Any) -> Any:
+        out = trunk(input_ids=x, attention_mask=(x != pad).long(), output_hidden_states=True)
+        return head(out.hidden_states[-1][torch.arange(len(x)), last])
+
+    def accuracy(x: Any, last: Any, y: Any) -> float:
+        with torch.no_grad():
+            return float((logits(x, last).argmax(-1) == y).float().mean())
+
+    started = time.perf_counter()
+    curve = []
+    for step in range(1, steps + 1):
+        batch = torch.randint(len(x_train), (32,), generator=draw)
+        loss = torch.nn.functional.cross_entropy(
+            logits(x_train[batch], last_train[batch]), y_train[batch]
+        )
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % every == 0:
+            point = {"step": step, "train": accuracy(x_train, last_train, y_train),
+                     "held_out": accuracy(x_test, last_test, y_test)}  # fmt: skip
+            curve.append(point)
+            print(f"{name}: step {step}, train {point['train']:.2f}, "
+                  f"held-out {point['held_out']:.2f}", file=sys.stderr)  # fmt: skip
+    majority = float(torch.bincount(y_train).max() / len(y_train))
+    params = sum(p.numel() for p in trunk.parameters())
+    return {
+        "trunk": name,
+        "params": params,
+        "train_starts": len(x_train),
+        "test_starts": len(x_test),
+        "majority_action_share": majority,
+        "best_held_out": max(p["held_out"] for p in curve),
+        "final_held_out": curve[-1]["held_out"],
+        "final_train": curve[-1]["train"],
+        "curve": curve,
+        "s_per_step": (time.perf_counter() - started) / steps,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trunk", action="append", choices=TRUNKS, help="default: all")
+    parser.add_argument("--steps", type=int, default=1000, help="supervised steps per trunk")
+    parser.add_argument("--every", type=int, default=200, help="score every this many steps")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    rows = [learning_curve(t, args.steps, args.every) for t in args.trunk or TRUNKS]
+    print_table(rows, ["trunk", "params", "majority_action_share", "best_held_out",
+                       "final_held_out", "final_train", "s_per_step"])  # fmt: skip
+    command = "python -m benchmarks.grid_reading " + " ".join(sys.argv[1:])
+    payload = {"command": command.strip(), "rows": rows,
+               "wall_s": round(time.perf_counter() - started)}  # fmt: skip
+    print(write_results("grid_reading", payload))
+
+
+if __name__ == "__main__":
+    main()
