@@ -28,20 +28,19 @@ STEPS_PER_ITERATION = 1024  # the CPU recipe's batch: 2 workers x 16 envs x 32 s
 def random_policy_odds(stage: str, dangerous: bool, max_steps: int) -> dict[str, Any]:
     import numpy as np
 
-    from reflectrl.envs.taxi import ACTIONS, IN_TAXI, PICKUP, DangerousTaxiEnv, start_states
+    from reflectrl.envs.taxi import ACTIONS, DangerousTaxiEnv, _goal_kind, _is_goal, start_states
 
     taxi = DangerousTaxiEnv().taxi
+    goal = _goal_kind(stage)
     n_states, n_actions = len(taxi.P), len(ACTIONS)
     # next state, "success now", "ends now" for every (state, action)
     nxt = np.zeros((n_states, n_actions), dtype=np.int64)
     wins = np.zeros((n_states, n_actions))
     ends = np.zeros((n_states, n_actions), dtype=bool)
     for state, by_action in taxi.P.items():
-        for action, ((_, next_state, _, delivered),) in by_action.items():
+        for action, ((_, next_state, _, _),) in by_action.items():
             nxt[state, action] = next_state
-            picked_up = action == PICKUP and list(taxi.decode(next_state))[2] == IN_TAXI
-            picked_up = picked_up and next_state != state
-            win = picked_up if stage == "pickup" else bool(delivered)
+            win = _is_goal(taxi, state, action, goal)  # the env's own success rule
             wins[state, action] = win
             ends[state, action] = win or (dangerous and next_state == state)
     success = np.zeros(n_states)  # with t steps left: P(success), E[steps taken]

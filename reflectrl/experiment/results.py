@@ -23,7 +23,8 @@ T95 = {
     10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042,
 }  # fmt: skip
 PIPELINE_ORDER = ("data", "sft", "rl", "eval")
-PIPELINE_STAGES = {"pickup": 0, "dropoff": 1, "full": 2}  # Taxi's curriculum, in order
+# Report columns in curriculum order where the stages are Taxi's (others sort after, by name).
+CURRICULUM_ORDER = {"pickup": 0, "dropoff": 1, "full": 2}
 NO_BOUNDS = (-math.inf, math.inf)
 BOUNDS = {
     "success_greedy": (0.0, 1.0),
@@ -217,7 +218,7 @@ def detail_table(runs: list[dict[str, Any]]) -> str:
             variants.setdefault(run["variant"], []).append(run)
     stages = sorted({s for rows in variants.values() for r in rows
                      for s in r.get("success_greedy_by_stage", {})},
-                    key=lambda s: (PIPELINE_STAGES.get(s, 99), s))  # fmt: skip
+                    key=lambda s: (CURRICULUM_ORDER.get(s, 99), s))  # fmt: skip
     columns = [(stage, lambda r, s=stage: r.get("success_greedy_by_stage", {}).get(s))
                for stage in stages] + list(DETAIL_COLUMNS)  # fmt: skip
     lines = [
