@@ -179,6 +179,9 @@ class CurriculumConfig(Strict):
     stages: list[StageConfig] = Field(default_factory=list)  # empty: the env's own stages
     window: int = Field(50, ge=1)  # episodes (across all workers) the success rate is over
     min_episodes: int = Field(20, ge=1)  # no switch before this many episodes in a stage
+    # After the first stage, this share of the episodes replays a stage already passed (drawn
+    # uniformly), so RL in `full` does not unlearn `pickup`; they do not count toward the bar.
+    review: float = Field(0.0, ge=0, lt=1)
 
 
 class RunConfig(Strict):

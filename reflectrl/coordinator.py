@@ -40,6 +40,7 @@ class Curriculum:
         # Without a curriculum the agent trains on the last (full) stage only.
         self.stages = stages if self.enabled else [stages[-1]]
         self.window = config.window
+        self.review_share = config.review
         self.min_episodes = config.min_episodes
         self.index = 0
         self.iterations_in_stage = 0
@@ -49,6 +50,11 @@ class Curriculum:
     @property
     def stage(self) -> str:
         return self.stages[self.index].name
+
+    @property
+    def review_stages(self) -> tuple[str, ...]:
+        """The stages already passed, which `review_share` of the episodes replay."""
+        return tuple(s.name for s in self.stages[: self.index])
 
     @property
     def success_rate(self) -> float:
@@ -100,9 +106,15 @@ class Curriculum:
         self.recent = deque((bool(x) for x in state["recent"]), maxlen=self.window)
 
 
-def _set_stage(runner: Any, stage: str, random_state: dict[str, Any] | None) -> str:
+def _set_stage(
+    runner: Any,
+    stage: str,
+    review: tuple[str, ...],
+    review_share: float,
+    random_state: dict[str, Any] | None,
+) -> str:
     env = runner.env.unwrapped
-    env.set_stage(stage)
+    env.set_stage(stage, review, review_share)
     if random_state is not None:
         env.set_random_state(random_state)
     return env.stage
@@ -139,6 +151,8 @@ class CoordinatorCallback(RLlibCallback):
             functools.partial(
                 _set_stage,
                 stage=stage,
+                review=self.curriculum.review_stages,
+                review_share=self.curriculum.review_share,
                 random_state=self.random_states.get(worker_id) if with_random_state else None,
             )
             for worker_id in ids
@@ -170,6 +184,7 @@ class CoordinatorCallback(RLlibCallback):
         for key, value in iteration.items():
             self.totals[key] += value
         stage_played = self.curriculum.stage
+        passed = self.curriculum.review_stages
         self.curriculum.observe(episodes)
         success_rate = self.curriculum.success_rate
         new_stage = self.curriculum.end_iteration()
@@ -178,6 +193,8 @@ class CoordinatorCallback(RLlibCallback):
             self.push_stage(algorithm.env_runner_group)
         result["reflectrl"] = {
             "episodes": len(episodes),
+            # Played in a stage already passed: `curriculum.review`, or begun before a switch.
+            "earlier_stage_episodes": sum(e["stage"] in passed for e in episodes),
             "iteration_counts": iteration,
             "totals": dict(self.totals),
             "success_rate": success_rate,

@@ -161,6 +161,7 @@ class Run:
             "iteration": self.iteration,
             "env_steps": self.env_steps,
             "episodes": ours.get("episodes", 0),
+            "earlier_stage_episodes": ours.get("earlier_stage_episodes", 0),
             "success_rate": ours.get("success_rate", 0.0),
             "episode_return_mean": ours.get("episode_return_mean"),
             "episode_len_mean": ours.get("episode_len_mean"),

@@ -10,7 +10,12 @@ from reflectrl.config import ReflectRLConfig
 from reflectrl.coordinator import Curriculum
 from reflectrl.envs.registry import make_text_env
 from reflectrl.errors import ConfigError
-from reflectrl.models.adapters import check_adapter_fits, check_lora_settings, read_adapter_config
+from reflectrl.models.adapters import (
+    check_adapter_fits,
+    check_lora_settings,
+    check_lora_targets,
+    read_adapter_config,
+)
 from reflectrl.models.loading import load_tokenizer, resolve_model
 from reflectrl.models.tokens import label_token_ids
 
@@ -37,6 +42,7 @@ def preflight(config: ReflectRLConfig) -> PolicySpec:
         )
     labels = config.policy.labels[:max_actions]
     label_ids = label_token_ids(tokenizer, labels, prompts.ACTION_MARKER)
+    check_lora_targets(model_dir, config.policy.lora.target_modules, "policy.lora.target_modules")
     if config.policy.init_adapter:
         key, lora, adapter = "policy.init_adapter", config.policy.lora, config.policy.init_adapter
         found = read_adapter_config(adapter, key)

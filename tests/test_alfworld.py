@@ -347,6 +347,11 @@ def test_curriculum_stages(data_dir: Path, tmp_path: Path) -> None:
     _, info = env.reset(seed=1)
     assert info["stage"] == info["task_type"] == "pick_heat_then_place_in_recep"
     assert len(env.stage_games("all")) == 6
+    # The game is drawn from the reset's seed: the same seed, the same games.
+    env.set_stage("all")
+    drawn = [env.reset(seed=5 if i == 0 else None) and env.game for i in range(4)]
+    assert [env.reset(seed=5 if i == 0 else None) and env.game for i in range(4)] == drawn
+    env.set_stage("pick_heat_then_place_in_recep")
     # Listed starts (held-out eval plays each once) are the stage's games, by index.
     starts = env.start_ids("pick_heat_then_place_in_recep")
     assert [env.games[int(i)] for i in starts] == list(env.stage_games())

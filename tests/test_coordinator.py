@@ -95,7 +95,7 @@ def test_defaults_to_the_envs_stages_and_rejects_unknown() -> None:
 def test_a_stage_that_is_never_passed_ends_at_its_cap(tmp_path: Path) -> None:
     """Thresholds no run can pass (success 1.0 over a window): the caps alone move the real
     coordinator (RLlib callback, 2 rollout workers) through every stage, one iteration each,
-    and every worker plays the new stage from the next iteration on."""
+    and every worker plays the new stage from the next iteration on, reviewing the ones passed."""
     import ray
 
     from reflectrl.config import load_config
@@ -110,6 +110,7 @@ def test_a_stage_that_is_never_passed_ends_at_its_cap(tmp_path: Path) -> None:
             " {name: dropoff, success_threshold: 1.0, max_iterations: 2}, {name: full}]",
             "curriculum.window=1000",
             "curriculum.min_episodes=1000",
+            "curriculum.review=0.5",
         ],
     )
     ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
@@ -125,3 +126,27 @@ def test_a_stage_that_is_never_passed_ends_at_its_cap(tmp_path: Path) -> None:
     assert [r["next_stage"] for r in rows] == ["dropoff", "dropoff", "full", "full"]
     assert all(r["success_rate"] < 1.0 for r in rows)  # no bar was passed
     assert worker_stages == ["full", "full"]
+    # Review: from the second stage on, about half the episodes replay a stage already passed
+    # (none can in the first); they never count toward the bar.
+    # Iteration 3 (dropoff's second) holds no episode begun in pickup (they last <= 12 steps,
+    # an iteration is 16 per env): its pickup episodes are all review.
+    print(
+        "episodes, earlier-stage episodes:",
+        [(r["episodes"], r["earlier_stage_episodes"]) for r in rows],
+    )
+    assert rows[0]["earlier_stage_episodes"] == 0
+    for row in rows[2:]:
+        assert 0.2 * row["episodes"] <= row["earlier_stage_episodes"] <= 0.8 * row["episodes"]
+
+
+def test_review_stages_are_the_ones_passed() -> None:
+    c = make(review=0.25)
+    assert c.review_stages == () and c.review_share == 0.25
+    c.observe(episodes("pickup", [True] * 8))
+    assert c.end_iteration() == "dropoff" and c.review_stages == ("pickup",)
+    c.observe(episodes("pickup", [False] * 8))  # review episodes: not in the window
+    c.observe(episodes("dropoff", [True] * 4))
+    assert c.success_rate == 1.0
+    assert c.end_iteration() == "full" and c.review_stages == ("pickup", "dropoff")
+    with pytest.raises(ValueError, match="less than 1"):
+        CurriculumConfig(review=1.0)

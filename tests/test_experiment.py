@@ -236,6 +236,7 @@ def test_runs_that_differ_only_in_rl_settings_share_their_data_and_sft() -> None
     lora = ["policy.lora.r=32", "policy.lora.target_modules=[q_proj,k_proj,v_proj,o_proj]"]
     assert key("sft.method=full") == key("sft.method=full", *lora)  # RL's LoRA only
     assert key("sft.method=full") == key("sft.method=full", "ppo.lr=0.5", "eval.every=3")
+    assert key("sft.method=full") == key("sft.method=full", "curriculum.review=0.25")
     assert key("sft.method=lora") != key("sft.method=lora", *lora)  # the SFT adapter's shape
     assert key("sft.method=full") != key("sft.method=full", "data.episodes=7")
     assert key("sft.enabled=false") is None

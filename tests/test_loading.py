@@ -225,3 +225,26 @@ def test_scratch_model_speaks_taxi_in_few_ids(scratch_dir: Path) -> None:
     assert sum(p.numel() for p in model.parameters()) < 600_000
     out = model.generate(torch.tensor([ids]), max_new_tokens=3, do_sample=False)
     assert out.shape == (1, len(ids) + 3)
+
+
+def test_scratch_gpt2_shares_the_tokenizer_and_lora_targets_are_checked(scratch_dir: Path) -> None:
+    """`scratch:<env>:gpt2`: a same-size GPT-2 over the same tokenizer; LoRA targets that name
+    no layer of the architecture fail in one line that lists the layers it has."""
+    from reflectrl.errors import ModelLoadError
+    from reflectrl.models.adapters import check_lora_targets
+
+    gpt2_dir = resolve_model("scratch:dangerous_taxi:gpt2", scratch_dir.parent.parent)
+    assert gpt2_dir.name == "scratch-gpt2-dangerous_taxi"
+    assert (gpt2_dir / "tokenizer.json").read_text() == (scratch_dir / "tokenizer.json").read_text()
+    model = load_causal_lm(gpt2_dir)
+    assert model.config.model_type == "gpt2"
+    llama = load_causal_lm(scratch_dir)
+    sizes = [sum(p.numel() for p in m.parameters()) for m in (model, llama)]
+    assert abs(sizes[0] - sizes[1]) < 0.4 * sizes[1]  # the same size, give or take positions
+    check_lora_targets(gpt2_dir, ["c_attn", "c_proj", "c_fc"], "policy.lora.target_modules")
+    check_lora_targets(scratch_dir, ["q_proj", "v_proj"], "policy.lora.target_modules")
+    check_lora_targets(scratch_dir, ["self_attn.q_proj"], "policy.lora.target_modules")
+    with pytest.raises(ModelLoadError, match=r"'q_proj' is no layer .*c_attn, c_fc, c_proj"):
+        check_lora_targets(gpt2_dir, ["q_proj", "v_proj"], "policy.lora.target_modules")
+    with pytest.raises(ModelLoadError, match=r"unknown architecture 'mamba'.*scratch:dangerous"):
+        resolve_model("scratch:dangerous_taxi:mamba", scratch_dir.parent.parent)

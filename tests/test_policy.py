@@ -309,13 +309,29 @@ def test_gradient_checkpointing_changes_nothing_but_memory(
     assert policy.lm.get_base_model().is_gradient_checkpointing
 
 
-def test_a_shared_prefix_runs_once_and_changes_nothing(tiny_dir: Path, tokenizer: Any) -> None:
+@pytest.fixture(scope="module")
+def gpt2_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer: Any) -> Path:
+    from reflectrl.models.loading import save_random_gpt2
+
+    out = tmp_path_factory.mktemp("gpt2")
+    save_random_gpt2(tokenizer, out)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("arch", "targets"), [("llama", ("q_proj", "v_proj")), ("gpt2", ("c_attn", "c_proj", "c_fc"))]
+)
+def test_a_shared_prefix_runs_once_and_changes_nothing(
+    arch: str, targets: tuple[str, ...], request: pytest.FixtureRequest, tokenizer: Any
+) -> None:
     """Rows that start alike: the prefix goes through the LM once; logits, values and
-    gradients equal the plain forward's (also when only part of the batch shares a prefix)."""
+    gradients equal the plain forward's (also when only part of the batch shares a prefix).
+    GPT-2 too: its learned positions must continue after the cached prefix."""
     from reflectrl.models.policy import MIN_SHARED_PREFIX, shared_prefix_length
 
     ids = label_token_ids(tokenizer, "123456", prompts.ACTION_MARKER)
-    policy = OptionPolicy(tiny_dir, ids, seed=2)
+    model_dir = request.getfixturevalue("tiny_dir" if arch == "llama" else "gpt2_dir")
+    policy = OptionPolicy(model_dir, ids, lora_target_modules=targets, seed=2)
     perturb(policy)  # a LoRA that is not zero, so its gradients mean something
     gen = torch.Generator().manual_seed(0)
     head = torch.randint(5, 900, (20,), generator=gen)

@@ -278,6 +278,31 @@ def test_set_stage_applies_from_next_reset() -> None:
         env.set_stage("bogus")
 
 
+def test_review_replays_earlier_stages_for_that_share_of_episodes() -> None:
+    """`set_stage(stage, review, share)`: that share of resets plays a review stage (its own
+    instruction and goal), drawn from the env's seeded stream; share 0 draws nothing, so the
+    start states are those of a plain env."""
+
+    def stages_and_starts(review: tuple[str, ...], share: float) -> list[tuple[str, int]]:
+        env = make("full")
+        env.set_stage("full", review, share)
+        played = []
+        for episode in range(300):
+            obs, info = env.reset(seed=11 if episode == 0 else None)
+            played.append((info["stage"], int(env.taxi.s)))
+            assert ("pick them up" in obs.instruction) == (info["stage"] == "pickup")
+        return played
+
+    mixed = stages_and_starts(("pickup", "dropoff"), 0.4)
+    counts = {s: sum(stage == s for stage, _ in mixed) for s in ("pickup", "dropoff", "full")}
+    assert 0.3 * 300 < counts["pickup"] + counts["dropoff"] < 0.5 * 300
+    assert min(counts["pickup"], counts["dropoff"]) > 30
+    assert stages_and_starts(("pickup", "dropoff"), 0.4) == mixed  # seeded
+    assert stages_and_starts((), 0.0) == stages_and_starts(("pickup",), 0.0)
+    with pytest.raises(ValueError, match="unknown stage 'bogus'"):
+        make("full").set_stage("full", ("bogus",), 0.5)
+
+
 def test_action_validation() -> None:
     env = make("full")
     with pytest.raises(RuntimeError):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -67,6 +68,8 @@ class TextEnv(gym.Env, ABC):
     def __init__(self) -> None:
         self._stage = self.stages[-1]
         self._episode_stage = self._stage
+        self._review: tuple[str, ...] = ()
+        self._review_share = 0.0
 
     @property
     def stage(self) -> str:
@@ -84,14 +87,29 @@ class TextEnv(gym.Env, ABC):
         type); "" where an env has one kind."""
         return ""
 
-    def set_stage(self, stage: str) -> None:
-        """Switch the curriculum stage; takes effect at the next reset."""
-        if stage not in self.stages:
-            raise ValueError(f"unknown stage {stage!r}; valid: {', '.join(self.stages)}")
+    def set_stage(self, stage: str, review: Sequence[str] = (), review_share: float = 0.0) -> None:
+        """Switch the curriculum stage; takes effect at the next reset. With `review`, that
+        share of the episodes replays one of those (earlier) stages, drawn uniformly, so what
+        they taught is not forgotten."""
+        unknown = [s for s in (stage, *review) if s not in self.stages]
+        if unknown:
+            raise ValueError(f"unknown stage {unknown[0]!r}; valid: {', '.join(self.stages)}")
+        if not 0.0 <= review_share < 1.0:
+            raise ValueError(f"review_share {review_share} is not in [0, 1)")
         self._stage = stage
+        self._review = tuple(review) if review_share > 0 else ()
+        self._review_share = review_share
 
     def _begin_episode(self) -> None:
         self._episode_stage = self._stage
+        # Drawn only when reviewing: without it the env's random stream is what it always was.
+        rng = self._episode_random()
+        if self._review and rng.random() < self._review_share:
+            self._episode_stage = self._review[int(rng.integers(len(self._review)))]
+
+    def _episode_random(self) -> np.random.Generator:
+        """The seeded stream that episode choices (start, stage) are drawn from."""
+        return self.np_random
 
     @abstractmethod
     def reset(

@@ -174,6 +174,9 @@ class DangerousTaxiEnv(TextEnv):
             return None
         return [str(s) for s in self._split_starts()]
 
+    def _episode_random(self) -> np.random.Generator:
+        return self.taxi.np_random  # seeded by reset; starts come from it too
+
     def _random_owners(self) -> list[Any]:
         # Start states come from the inner TaxiEnv's stream (and the drop-off cell too).
         return [self, self.taxi]

@@ -119,7 +119,7 @@ def status(run: PlannedRun, base: str) -> str:
 
 # What only RL and eval read: runs equal in everything else have the same data and SFT.
 RL_ONLY_SECTIONS = ("ppo", "rl", "eval")
-RL_ONLY_CURRICULUM = ("enabled", "window", "min_episodes")
+RL_ONLY_CURRICULUM = ("enabled", "window", "min_episodes", "review")
 
 
 def warm_start_key(config: ReflectRLConfig) -> str | None:

@@ -127,3 +127,29 @@ def vllm_max_lora_rank(rank: int) -> int:
         if allowed >= rank:
             return allowed
     raise ModelLoadError(f"LoRA rank {rank} exceeds vLLM's largest ({VLLM_LORA_RANKS[-1]})")
+
+
+def check_lora_targets(model_dir: Path, targets: Iterable[str], key: str) -> None:
+    """Every LoRA target names a layer of the model (peft's rule: the module's name, or its
+    last dotted parts). The names differ by architecture (Llama `q_proj`, GPT-2 `c_attn`), so
+    a wrong one fails here in one line, before anything trains, instead of inside peft."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.pytorch_utils import Conv1D
+
+    config = AutoConfig.from_pretrained(str(model_dir))
+    with torch.device("meta"):  # the module tree without allocating any weights
+        model = AutoModelForCausalLM.from_config(config)
+    layers = {
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear | Conv1D) and name
+    }
+    suffixes = {".".join(name.split(".")[-k:]) for name in layers for k in (1, 2)}
+    unknown = [t for t in targets if t not in layers and t not in suffixes]
+    if unknown:
+        available = sorted({name.split(".")[-1] for name in layers} - {"lm_head"})
+        raise ModelLoadError(
+            f"{key}={list(targets)}: {unknown[0]!r} is no layer of {model_dir.name} "
+            f"({config.model_type}); its layers are {', '.join(available)}: set {key} to some "
+            "of them"
+        )

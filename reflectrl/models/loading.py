@@ -58,10 +58,13 @@ def resolve_model(spec: str, cache_dir: Path | None = None) -> Path:
         return _cached_build(cache, SMOLLM2_DIRNAME, _build_smollm2)
     if spec == "tiny":
         return _cached_build(cache, TINY_DIRNAME, _build_tiny)
-    env_name = scratch.scratch_env(spec)
-    if env_name is not None:
-        build = lambda out, _: scratch.build(out, env_name)  # noqa: E731
-        return _cached_build(cache, scratch.dirname(env_name), build)
+    if spec.startswith(scratch.SCRATCH_PREFIX):
+        try:
+            env_name, arch = scratch.parse_spec(spec)
+        except ValueError as exc:
+            raise ModelLoadError(str(exc)) from exc
+        build = lambda out, _: scratch.build(out, env_name, arch)  # noqa: E731
+        return _cached_build(cache, scratch.dirname(env_name, arch), build)
     return _resolve_external(spec)
 
 
@@ -249,7 +252,7 @@ def save_random_llama(tokenizer: Any, out: Path) -> None:
 
     head_dim = 128 / 2 = 64 is one of the head sizes vLLM's CPU attention supports.
     """
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import LlamaConfig
 
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -265,6 +268,34 @@ def save_random_llama(tokenizer: Any, out: Path) -> None:
         pad_token_id=tokenizer.pad_token_id,
         attention_dropout=0.0,
     )
+    _save_seeded(config, tokenizer, out)
+
+
+def save_random_gpt2(tokenizer: Any, out: Path) -> None:
+    """Write `tokenizer` and a seeded random-init GPT-2 of the Llama's size (2 layers x 128,
+    MLP 256; learned absolute positions, up to 1024)."""
+    from transformers import GPT2Config
+
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_embd=128,
+        n_layer=2,
+        n_head=2,
+        n_inner=256,
+        n_positions=1024,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    _save_seeded(config, tokenizer, out)
+
+
+def _save_seeded(config: Any, tokenizer: Any, out: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
     # Seeded on a private generator state so the weights are the same on every machine
     # and the caller's global RNG is left untouched.
     with torch.random.fork_rng(devices=[]):

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from torch import nn
+from transformers.pytorch_utils import Conv1D
 
 from reflectrl.models.loading import load_causal_lm
 
@@ -77,6 +78,8 @@ class OptionPolicy(nn.Module):
         for param in base.parameters():
             param.requires_grad_(False)
         lora = lora_config(lora_r, lora_alpha, lora_target_modules)
+        # GPT-2 keeps its weights transposed (Conv1D); peft would fix the flag with a warning.
+        lora.fan_in_fan_out = any(isinstance(m, Conv1D) for m in base.modules())
         if gradient_checkpointing:
             # Only in train mode (the PPO update): keeps one layer's activations instead of all
             # of them; with dropout 0 the recomputation is exact. Rollouts (eval) are unaffected.

@@ -1,5 +1,10 @@
 """A from-scratch model for one env: a byte-level BPE tokenizer trained on the env's own text,
-and a small random-init Llama over that vocabulary (`policy.model: scratch:<env>`).
+and a small random-init Llama over that vocabulary (`policy.model: scratch:<env>`), or a
+GPT-2 of the same size (`scratch:<env>:gpt2`, the paper's family).
+
+Why GPT-2 too: its learned absolute positions let two layers read a grid cell by where it sits
+in the prompt. Told the answer, the Llama trunk (rotary positions) predicts 0.57 of Taxi's
+held-out first moves and the GPT-2 trunk 0.75 (benchmarks/grid_reading.py).
 
 Why: on a CPU the embedding and LM head over a 49k-id vocabulary dominate a tiny model's cost
 (~10x the rest); a few hundred ids trained on the text the env really shows keep a 0.4M-param
@@ -21,6 +26,7 @@ import numpy as np
 
 SCRATCH_PREFIX = "scratch:"
 SCRATCH_RECIPE = "scratch-llama-v1"
+ARCHITECTURES = ("llama", "gpt2")
 VOCAB_SIZE = 512
 CORPUS_EPISODES = 240
 CORPUS_SEED = 1234
@@ -28,12 +34,24 @@ SPECIALS = ("<|endoftext|>", "<|pad|>")
 
 
 def scratch_env(spec: str) -> str | None:
-    """The env name of a `scratch:<env>` spec, or None for any other spec."""
-    return spec[len(SCRATCH_PREFIX) :] if spec.startswith(SCRATCH_PREFIX) else None
+    """The env name of a `scratch:<env>[:<arch>]` spec, or None for any other spec."""
+    return parse_spec(spec)[0] if spec.startswith(SCRATCH_PREFIX) else None
 
 
-def dirname(env_name: str) -> str:
-    return f"scratch-{env_name}"
+def parse_spec(spec: str) -> tuple[str, str]:
+    """(env, architecture) of `scratch:<env>` (a Llama) or `scratch:<env>:<arch>`."""
+    env_name, _, arch = spec[len(SCRATCH_PREFIX) :].partition(":")
+    arch = arch or "llama"
+    if arch not in ARCHITECTURES:
+        raise ValueError(
+            f"model {spec!r}: unknown architecture {arch!r}; use scratch:{env_name} (a Llama) "
+            f"or one of {', '.join(f'scratch:{env_name}:{a}' for a in ARCHITECTURES)}"
+        )
+    return env_name, arch
+
+
+def dirname(env_name: str, arch: str = "llama") -> str:
+    return f"scratch-{env_name}" if arch == "llama" else f"scratch-{arch}-{env_name}"
 
 
 def corpus(env_name: str, episodes: int = CORPUS_EPISODES) -> Iterator[str]:
@@ -93,8 +111,9 @@ def train_tokenizer(texts: Iterator[str], vocab_size: int = VOCAB_SIZE) -> Any:
     )
 
 
-def build(out: Path, env_name: str) -> None:
-    """Write the env's tokenizer and a seeded random-init Llama over it into `out`."""
-    from reflectrl.models.loading import save_random_llama
+def build(out: Path, env_name: str, arch: str = "llama") -> None:
+    """Write the env's tokenizer and a seeded random-init model over it into `out`."""
+    from reflectrl.models.loading import save_random_gpt2, save_random_llama
 
-    save_random_llama(train_tokenizer(corpus(env_name)), out)
+    save = save_random_llama if arch == "llama" else save_random_gpt2
+    save(train_tokenizer(corpus(env_name)), out)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
@@ -153,10 +153,11 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
     def stage(self) -> str:
         return self.envs[0].stage
 
-    def set_stage(self, stage: str) -> None:
-        """Switch all envs; in-flight episodes finish in their stage, new ones use this one."""
+    def set_stage(self, stage: str, review: Sequence[str] = (), review_share: float = 0.0) -> None:
+        """Switch all envs; in-flight episodes finish in their stage, new ones use this one
+        (or, that share of them, one of the `review` stages: `TextEnv.set_stage`)."""
         for env in self.envs:
-            env.set_stage(stage)
+            env.set_stage(stage, review, review_share)
 
     def set_starts(self, starts: list[list[str]]) -> None:
         """Env i plays the listed starts `starts[i]` (ids of `TextEnv.start_ids`) in its next

@@ -24,6 +24,7 @@ import operator
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+import gymnasium as gym
 from gymnasium import spaces
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -166,7 +167,7 @@ class AlfWorldEnv(TextEnv):
     ) -> tuple[TextObservation, dict[str, Any]]:
         """`options={"game": i}` plays `self.games[i]` (or a game file path); else a game of the
         stage, drawn with the env's seeded generator."""
-        super().reset(seed=seed)
+        gym.Env.reset(self, seed=seed)  # seeds self.np_random (TextEnv.reset is abstract)
         self._begin_episode()
         options = options or {}
         start = options.get("start")
