@@ -26,6 +26,7 @@ import json
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,47 +34,55 @@ from benchmarks.common import print_table, write_results
 from benchmarks.reflection_accuracy import STOPS, _on_shortest_path, hint
 
 
-def load_players(run: Path, after_rl: bool) -> tuple[Any, Any, Any, Any]:
-    """(config as RL saw it, policy, reflection model, reflection tokenizer) of a run."""
+@dataclass
+class Players:
+    """A run's two players as RL saw them, and the renderer of their prompts."""
+
+    config: Any
+    policy: Any
+    renderer: Any
+    reflection: Any
+    reflection_tokenizer: Any
+
+
+def load_players(run: Path, after_rl: bool) -> Players:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from reflectrl.checkpoints import latest_checkpoint
     from reflectrl.config import load_config
+    from reflectrl.envs.taxi import ACTIONS
     from reflectrl.models.loading import load_tokenizer, resolve_model
     from reflectrl.models.policy import OptionPolicy
-    from reflectrl.models.tokens import label_token_ids
     from reflectrl.pipeline import rl_config
-    from reflectrl.prompts import ACTION_MARKER
+    from reflectrl.rendering import PromptRenderer
 
     config = rl_config(load_config(run / "config.yaml", []), run)
     model_dir = resolve_model(config.policy.model)
-    labels = config.policy.labels[:6]
-    ids = label_token_ids(load_tokenizer(model_dir), labels, ACTION_MARKER)
+    reflection_dir = run / "sft" / "reflection"
+    reflection_tokenizer = AutoTokenizer.from_pretrained(reflection_dir)
+    renderer = PromptRenderer(config, load_tokenizer(model_dir), len(ACTIONS), reflection_tokenizer)
     lora = config.policy.lora
     policy = OptionPolicy(
-        model_dir, ids, lora.r, lora.alpha, lora.target_modules, seed=config.run.seed
-    ).eval()
+        model_dir, renderer.label_ids, lora.r, lora.alpha, lora.target_modules,
+        seed=config.run.seed,
+    ).eval()  # fmt: skip
     if after_rl:
         checkpoint = latest_checkpoint(run)
         if checkpoint is None:
             raise SystemExit(f"{run}: no checkpoint (RL has not run)")
         policy.load_adapter(checkpoint / "adapter")
-    reflection_dir = run / "sft" / "reflection"
     reflection = AutoModelForCausalLM.from_pretrained(reflection_dir, dtype=torch.float32).eval()
-    return config, policy, reflection, AutoTokenizer.from_pretrained(reflection_dir)
+    return Players(config, policy, renderer, reflection, reflection_tokenizer)
 
 
-def play_stage(config: Any, players: tuple[Any, Any, Any], stage: str) -> dict[str, Any]:
+def play_stage(players: Players, stage: str) -> dict[str, Any]:
     import torch
 
     from reflectrl.envs.taxi import ACTIONS, DangerousTaxiEnv, TaxiOptions, actions_to_success
-    from reflectrl.models.loading import load_tokenizer, resolve_model
-    from reflectrl.rendering import PromptRenderer
 
-    policy, reflection, reflection_tokenizer = players
-    tokenizer = load_tokenizer(resolve_model(config.policy.model))
-    renderer = PromptRenderer(config, tokenizer, len(ACTIONS), reflection_tokenizer)
+    config, policy, renderer = players.config, players.policy, players.renderer
+    reflection, reflection_tokenizer = players.reflection, players.reflection_tokenizer
     env = DangerousTaxiEnv(TaxiOptions(**{**config.env.options, "split": "test"}))
     env.set_stage(stage)
     order = list(range(len(ACTIONS)))
@@ -175,10 +184,10 @@ def main() -> None:
     rows = []
     for run in args.run:
         for after_rl in (False, True):
-            config, *players = load_players(run, after_rl)
+            players = load_players(run, after_rl)
             for stage in args.stages.split(","):
                 row = {"run": run.name, "policy": "after RL" if after_rl else "SFT"}
-                rows.append({**row, **play_stage(config, tuple(players), stage)})
+                rows.append({**row, **play_stage(players, stage)})
                 print(rows[-1], flush=True)
     columns = ["run", "policy", "stage", "success", "danger", "step_limit", "hint_wrong_steps",
                "followed_wrong", "left_right", "first_error_followed_wrong",

@@ -254,8 +254,10 @@ def save_random_llama(tokenizer: Any, out: Path) -> None:
     """
     from transformers import LlamaConfig
 
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
+    _save_seeded(
+        LlamaConfig,
+        tokenizer,
+        out,
         hidden_size=128,
         intermediate_size=256,
         num_hidden_layers=2,
@@ -263,12 +265,8 @@ def save_random_llama(tokenizer: Any, out: Path) -> None:
         num_key_value_heads=2,
         max_position_embeddings=2048,
         tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
         attention_dropout=0.0,
     )
-    _save_seeded(config, tokenizer, out)
 
 
 def save_random_gpt2(tokenizer: Any, out: Path) -> None:
@@ -276,26 +274,32 @@ def save_random_gpt2(tokenizer: Any, out: Path) -> None:
     MLP 256; learned absolute positions, up to 1024)."""
     from transformers import GPT2Config
 
-    config = GPT2Config(
-        vocab_size=len(tokenizer),
+    _save_seeded(
+        GPT2Config,
+        tokenizer,
+        out,
         n_embd=128,
         n_layer=2,
         n_head=2,
         n_inner=256,
         n_positions=1024,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
         resid_pdrop=0.0,
         embd_pdrop=0.0,
         attn_pdrop=0.0,
     )
-    _save_seeded(config, tokenizer, out)
 
 
-def _save_seeded(config: Any, tokenizer: Any, out: Path) -> None:
+def _save_seeded(config_class: Any, tokenizer: Any, out: Path, **shape: Any) -> None:
+    """A model of `config_class` and `shape` over `tokenizer`'s vocabulary and special ids."""
     from transformers import AutoModelForCausalLM
 
+    config = config_class(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **shape,
+    )
     # Seeded on a private generator state so the weights are the same on every machine
     # and the caller's global RNG is left untouched.
     with torch.random.fork_rng(devices=[]):

@@ -4,7 +4,7 @@ GPT-2 of the same size (`scratch:<env>:gpt2`, the paper's family).
 
 Why GPT-2 too: its learned absolute positions let two layers read a grid cell by where it sits
 in the prompt. Told the answer, the Llama trunk (rotary positions) predicts 0.57 of Taxi's
-held-out first moves and the GPT-2 trunk 0.75 (benchmarks/grid_reading.py).
+held-out first moves and a GPT-2 trunk of this shape 0.75 (benchmarks/grid_reading.py).
 
 Why: on a CPU the embedding and LM head over a 49k-id vocabulary dominate a tiny model's cost
 (~10x the rest); a few hundred ids trained on the text the env really shows keep a 0.4M-param
@@ -31,11 +31,6 @@ VOCAB_SIZE = 512
 CORPUS_EPISODES = 240
 CORPUS_SEED = 1234
 SPECIALS = ("<|endoftext|>", "<|pad|>")
-
-
-def scratch_env(spec: str) -> str | None:
-    """The env name of a `scratch:<env>[:<arch>]` spec, or None for any other spec."""
-    return parse_spec(spec)[0] if spec.startswith(SCRATCH_PREFIX) else None
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
