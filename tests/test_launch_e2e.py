@@ -383,6 +383,7 @@ def test_a_server_that_fails_every_request_stops_the_run_with_one_line(
         "--set", "reflection.server=url", "--set", f"reflection.url={server.url}",
         "--set", f"reflection.served_model_name={REFLECTOR}", "--set", "reflection.max_retries=0",
         "--set", "run.max_failed_iterations=2", "--set", "run.worker_restart_delay_s=1",
+        "--set", "sft.enabled=false", "--set", "eval.enabled=false",  # straight to RL
     )  # fmt: skip
     assert result.returncode == 2, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("reflectrl: error")]
