@@ -89,7 +89,8 @@ def run_seed(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     ]
     training = [
         {"env_steps": r["env_steps"], "success": r["success_rate"],
-         "return": r["episode_return_mean"], "length": r["episode_len_mean"]}
+         "return": r["episode_return_mean"], "length": r["episode_len_mean"],
+         "iteration_s": r["iteration_s"], "update_s": r["update_s"]}
         for r in rows
     ]  # fmt: skip
     best = max((p["greedy"] for p in curve), default=0.0)

@@ -11,7 +11,7 @@ if this learns where the LM policy does not, the settings and the rewards are no
 Inputs (`features`): `state`, a one-hot of gymnasium's state id (what a table would see);
 `text`, a one-hot of every character of the observation text the LM policy reads (the same
 information, laid out as characters). Both also get the stage as a one-hot.
-Writes benchmarks/results/ppo_tabular.json.
+Writes benchmarks/results/ppo_tabular[_NAME].json.
 """
 
 from __future__ import annotations
@@ -197,7 +197,8 @@ def train(variant: str, kind: str, seed: int, env_steps: int, every: int, extra:
                 loss.backward()
                 nn.utils.clip_grad_norm_(agent.parameters(), s.grad_clip)
                 optimizer.step()
-        # The curriculum: the coordinator's rule (this iteration's success rate, or the cap).
+        # The curriculum: the bar or the stage's iteration cap, as the coordinator does, but over
+        # this iteration's episodes (the coordinator: the last curriculum.window of them).
         stage_iterations += 1
         name, threshold, cap = s.stages[stage_index]
         rate = float(np.mean(successes)) if successes else 0.0
