@@ -12,6 +12,7 @@ Trunks: `recipe` is the CPU recipe's model (`scratch:dangerous_taxi`: a 2 x 128 
 is wider and deeper.
 
     python -m benchmarks.grid_reading [--steps 1000] [--every 200] [--trunk recipe ...]
+        [--set env.options.coordinates=true] [--name FILE]
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 TRUNKS = ("recipe", "gpt2", "llama_4x256")
 
 
-def pickup_rows(tokenizer: Any, split: str) -> tuple[Any, Any, Any]:
+def pickup_rows(tokenizer: Any, split: str, overrides: list[str]) -> tuple[Any, Any, Any]:
     """(input ids [starts, length], each row's last real position, the expert's first
     actions) of every start of `split` (rows are right-padded: the status line's length
     varies)."""
@@ -39,7 +40,7 @@ def pickup_rows(tokenizer: Any, split: str) -> tuple[Any, Any, Any]:
     from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
 
     overrides = ["reflection.enabled=false", "env.shuffle_options=false",
-                 f"env.options.split={split}"]  # fmt: skip
+                 f"env.options.split={split}", *overrides]  # fmt: skip
     config = load_config(REPO / "configs" / "cpu.yaml", overrides)
     env = ReflectRLVectorEnv(config, tokenizer, None, num_envs=1)
     env.set_stage("pickup")
@@ -77,15 +78,15 @@ def build_trunk(name: str, model_dir: Path, vocab: int) -> Any:
         return AutoModelForCausalLM.from_config(config)
 
 
-def learning_curve(name: str, steps: int, every: int) -> dict[str, Any]:
+def learning_curve(name: str, steps: int, every: int, overrides: list[str]) -> dict[str, Any]:
     import torch
 
     from reflectrl.models.loading import load_tokenizer, resolve_model
 
     model_dir = resolve_model("scratch:dangerous_taxi")
     tokenizer = load_tokenizer(model_dir)
-    x_train, last_train, y_train = pickup_rows(tokenizer, "train")
-    x_test, last_test, y_test = pickup_rows(tokenizer, "test")
+    x_train, last_train, y_train = pickup_rows(tokenizer, "train", overrides)
+    x_test, last_test, y_test = pickup_rows(tokenizer, "test", overrides)
     pad = tokenizer.pad_token_id
     trunk = build_trunk(name, model_dir, len(tokenizer))
     torch.manual_seed(0)
@@ -120,6 +121,7 @@ def learning_curve(name: str, steps: int, every: int) -> dict[str, Any]:
     params = sum(p.numel() for p in trunk.parameters())
     return {
         "trunk": name,
+        "overrides": overrides,
         "params": params,
         "train_starts": len(x_train),
         "test_starts": len(x_test),
@@ -136,15 +138,21 @@ def main() -> None:
     parser.add_argument("--trunk", action="append", choices=TRUNKS, help="default: all")
     parser.add_argument("--steps", type=int, default=1000, help="supervised steps per trunk")
     parser.add_argument("--every", type=int, default=200, help="score every this many steps")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override of the rendered prompts (repeatable), e.g. "
+                        "env.options.coordinates=true")  # fmt: skip
+    parser.add_argument("--name", default="grid_reading", help="results file name")
     args = parser.parse_args()
     started = time.perf_counter()
-    rows = [learning_curve(t, args.steps, args.every) for t in args.trunk or TRUNKS]
-    print_table(rows, ["trunk", "params", "majority_action_share", "best_held_out",
+    rows = [learning_curve(t, args.steps, args.every, args.set) for t in args.trunk or TRUNKS]
+    for row in rows:
+        row["prompt"] = " ".join(row["overrides"]) or "cpu.yaml"
+    print_table(rows, ["trunk", "prompt", "params", "majority_action_share", "best_held_out",
                        "final_held_out", "final_train"])  # fmt: skip
     command = "python -m benchmarks.grid_reading " + " ".join(sys.argv[1:])
     payload = {"command": command.strip(), "rows": rows,
                "wall_s": round(time.perf_counter() - started)}  # fmt: skip
-    print(write_results("grid_reading", payload))
+    print(write_results(args.name, payload))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ episode of steps can (-200 / 20): with the paper's penalty, and GAE bootstrappin
 limit, ending an episode at once is worth more than wandering, and PPO from a random policy
 learns to end its episodes (see the results' curves).
 `explore` keeps Taxi's rewards but adds an entropy bonus of 0.2 and a `dropoff` stage: what
-the same PPO over a one-hot state needed to learn `full` (benchmarks/ppo_tabular.py).
+the same PPO over a one-hot state needed to learn `full` (benchmarks/ppo_tabular.py);
+`explore_coordinates` also names each letter's cell under the grid (env.options.coordinates).
 
 Each run's directory is `runs/ppo_from_scratch/<variant>-seed<S>` (its metrics.jsonl holds the
 curve); the curves go to benchmarks/results/ppo_from_scratch_<variant>.json. A finished seed
@@ -55,6 +56,10 @@ VARIANTS = {
     # What a PPO over a one-hot state needed to reach 0.95 / 0.95 / 0.82 on `full` within 300k
     # env steps (benchmarks/ppo_tabular.py): an entropy bonus of 0.2 and a `dropoff` stage.
     "explore": ["ppo.entropy_coeff=0.2", THREE_STAGES],
+    # The same, with the status line naming each letter's cell (env.options.coordinates): told
+    # the answer, the trunk reads first moves 0.82 of the time from it, 0.57 from the grid alone
+    # (benchmarks/grid_reading.py).
+    "explore_coordinates": ["ppo.entropy_coeff=0.2", THREE_STAGES, "env.options.coordinates=true"],
 }
 
 

@@ -228,6 +228,10 @@ class DataConfig(Strict):
 
     episodes: int = Field(300, ge=1)  # spread evenly over the curriculum stages
     negative_rate: float = Field(0.2, ge=0, le=1)  # steps where a wrong action is taken
+    # Steps whose policy row (sft_policy) quotes a wrong next action in its reflection, still
+    # labelled with the expert's action: the policy learns that a hint can be wrong. 0: every
+    # hint in the data is right (the paper).
+    wrong_hint_rate: float = Field(0.0, ge=0, le=1)
     eval_fraction: float = Field(0.1, ge=0, lt=1)  # episodes kept for SFT's eval loss
     seed: int | None = None  # None: run.seed
     writer: WriterConfig = Field(default_factory=WriterConfig)

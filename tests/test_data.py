@@ -38,6 +38,7 @@ def test_taxi_rows_are_expert_labels_with_negatives_and_rl_prompts(taxi_data: tu
     assert stats["lengths"]["reflection_tokens"]["max"] <= config.reflection.max_tokens
     negatives = [r["completion"] for r in rows if r["negative"] and r["target"] == "sft_reflection"]
     assert negatives and all("away from" in text for text in negatives)  # names the mistake
+    assert stats["wrong_hint_steps"] == 0 and not any(r["wrong_hint"] for r in rows)  # default
 
 
 def test_no_held_out_start_state_enters_the_data(taxi_data: tuple) -> None:
@@ -47,6 +48,28 @@ def test_no_held_out_start_state_enters_the_data(taxi_data: tuple) -> None:
     held_out = set(start_states("test", options["test_fraction"], options["split_seed"]))
     starts = {int(r["task"]) for r in rows if r["step"] == 0 and r["stage"] != "dropoff"}
     assert starts and not starts & held_out
+
+
+def test_wrong_hints_quote_a_mistake_and_keep_the_experts_label(tmp_path: Path) -> None:
+    import re
+
+    config = load_config(None, [*TINY, "data.wrong_hint_rate=0.4"])
+    stats = write_dataset(config, tmp_path / "w", episodes=12, seed=2, progress=False)
+    rows = [json.loads(x) for x in (tmp_path / "w" / "data.jsonl").read_text().splitlines()]
+    steps: dict[tuple[int, int], dict[str, dict]] = {}
+    for r in rows:
+        steps.setdefault((r["episode"], r["step"]), {})[r["target"]] = r
+    misled = [s for s in steps.values() if s["sft_policy"]["wrong_hint"]]
+    assert stats["wrong_hint_steps"] == len(misled)
+    assert 0.2 < len(misled) / len(steps) < 0.6, (len(misled), len(steps))
+    for step in steps.values():
+        policy, reflection = step["sft_policy"], step["sft_reflection"]
+        assert policy["completion"] == step["sft"]["completion"]  # always the expert's label
+        assert policy["prompt"].startswith(reflection["prompt"])
+        quoted = re.findall(r'"([^"]+)"', policy["prompt"][len(reflection["prompt"]) :])[-1]
+        # The reflection model still learns the right hint; only the policy's row is misled.
+        assert re.findall(r'"([^"]+)"', reflection["completion"])[-1] == policy["expert_action"]
+        assert (quoted != policy["expert_action"]) == policy["wrong_hint"]
 
 
 def test_reflections_vary_and_the_data_is_seeded(tmp_path: Path) -> None:

@@ -116,6 +116,32 @@ def test_observation_is_compact_and_marks_every_piece() -> None:
         assert len((obs.instruction + " " + obs.observation).split()) < 150
 
 
+def test_coordinates_name_the_cells_the_grid_shows() -> None:
+    import re
+
+    plain, named = make("full"), make("full", coordinates=True)
+    for stage in DangerousTaxiEnv.stages:
+        plain.set_stage(stage)
+        named.set_stage(stage)
+        for seed in range(40):
+            obs, _ = named.reset(seed=seed)
+            row, col, passenger, dest = named.decoded_state()
+            # The same grid and status as without the option, plus one line naming the cells.
+            assert obs.observation.startswith(plain.reset(seed=seed)[0].observation + "\n")
+            last = obs.observation.splitlines()[-1]
+            cells = dict(re.findall(r"([TXPD]) (\d,\d)", last))
+            taxi = "X" if passenger == IN_TAXI else "T"
+            assert cells.pop(taxi) == f"{row},{col}"
+            assert cells.pop("D") == "{},{}".format(*LOCS[dest])
+            if passenger != IN_TAXI:
+                assert cells.pop("P") == "{},{}".format(*LOCS[passenger])
+            assert not cells
+            obs, *_ = named.step(expert_action(named))  # a moved taxi is named where it went
+            if "delivered" not in obs.observation:
+                row, col = named.decoded_state()[:2]
+                assert f" {row},{col}" in obs.observation.splitlines()[-1]
+
+
 def test_first_step_wall_bump_is_dangerous_in_every_stage() -> None:
     for stage in DangerousTaxiEnv.stages:
         env = make(stage)

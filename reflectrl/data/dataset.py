@@ -6,7 +6,9 @@ Per step of an expert episode, three rows (TRL's prompt/completion form; METHOD.
     sft_policy      observation + reflection + menu  -> the expert's label
 At a perturbed step (`data.negative_rate`) the episode takes a wrong but valid action instead
 of the expert's; the rows of that state still teach the expert's label, and the next state's
-reflection names the mistake and the recovery (those rows are `negative`). Episodes come from
+reflection names the mistake and the recovery (those rows are `negative`). At
+`data.wrong_hint_rate` of the steps the `sft_policy` row's reflection names a wrong next action
+(`wrong_hint`; the label stays the expert's). Episodes come from
 the env's training split only, spread over the curriculum stages; `data.eval_fraction` of them
 (whole episodes) are marked `split: eval` for SFT's eval loss.
 
@@ -15,6 +17,7 @@ Output: `data.jsonl` (rows), `stats.json` (counts and token lengths).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -55,6 +58,7 @@ class Step:
     taken_action: str  # what the episode did (a wrong action at a perturbed step)
     negative: bool
     perturbed: bool = False
+    wrong_hint: bool = False  # the policy row's reflection names a wrong next action
     observation: str = ""  # `TextObservation.digest()` of the state the step was taken in
 
 
@@ -135,6 +139,7 @@ def write_dataset(
                         "step": t,
                         "negative": step.negative,
                         "perturbed": step.perturbed,
+                        "wrong_hint": step.wrong_hint,
                         "expert_action": step.expert_action,
                         "taken_action": step.taken_action,
                         "observation": step.observation,
@@ -145,6 +150,7 @@ def write_dataset(
                 counts["steps"] += 1
                 counts["negative_steps"] += int(step.negative)
                 counts["perturbed_steps"] += int(step.perturbed)
+                counts["wrong_hint_steps"] += int(step.wrong_hint)
                 lengths["reflection_tokens"].append(
                     count_tokens(reflection_tokenizer, step.reflection)
                 )
@@ -158,6 +164,7 @@ def write_dataset(
         **dict(counts),
         "eval_episodes": n_eval,
         "negative_rate": config.data.negative_rate,
+        "wrong_hint_rate": config.data.wrong_hint_rate,
         "seed": seed,
         "stages": stages,
         "lengths": {
@@ -209,6 +216,24 @@ def episode_steps(
             env, reflection_prompt.observation, reflection, order, reflection_prompt.level
         )
         plain = renderer.policy_prompt(env, obs, None, order)
+        wrong_hint = False
+        # The policy's row may quote a wrong next action (a mistake the demonstrator would
+        # make), still labelled with the expert's: a served reflection model is sometimes
+        # wrong, and a policy that only ever saw right hints learns to copy them. No draw at
+        # rate 0, so data sets made without the key stay identical.
+        if config.data.wrong_hint_rate > 0 and rng.random() < config.data.wrong_hint_rate:
+            wrong = demo.mistake(env, rng)
+            if wrong is not None:
+                misled = dataclasses.replace(facts, next_action=obs.actions[wrong])
+                hint = clip_tokens(
+                    renderer.reflection_tokenizer,
+                    writer.write(misled, rng),
+                    config.reflection.max_tokens,
+                )
+                policy = renderer.policy_prompt(
+                    env, reflection_prompt.observation, hint, order, reflection_prompt.level
+                )
+                wrong_hint = True
         take, perturbed = expert, False
         # Never two mistakes in a row: the step after a mistake is the expert's recovery.
         if (last is None or last[2]) and rng.random() < config.data.negative_rate:
@@ -225,6 +250,7 @@ def episode_steps(
             taken_action=obs.actions[take],
             negative=last is not None and not last[2],
             perturbed=perturbed,
+            wrong_hint=wrong_hint,
             observation=obs.digest(),
         )
         before = demo.snapshot(env)

@@ -69,6 +69,12 @@ class TaxiOptions(BaseModel):
     # Draw starts from these only (gymnasium's encoded states, each in `split`): a handful of
     # fixed starts for small learning tests. None: the whole split.
     starts: list[int] | None = Field(default=None, min_length=1)
+    # Name the taxi's, the passenger's and the destination's cells (row, column) in the
+    # status line below the grid. The grid shows the same facts, but a byte-level BPE merges
+    # its runs of `.`, `|` and blanks differently around each letter, so where a letter sits
+    # in the token sequence varies; a small model reads the named cells far more easily
+    # (benchmarks/grid_reading.py).
+    coordinates: bool = False
 
     @field_validator("starts")
     @classmethod
@@ -196,7 +202,9 @@ class DangerousTaxiEnv(TextEnv):
     def _observation(self) -> TextObservation:
         return TextObservation(
             instruction=_INSTRUCTIONS[self._episode_stage],
-            observation=render_text(*self.decoded_state(), locs=self.taxi.locs),
+            observation=render_text(
+                *self.decoded_state(), locs=self.taxi.locs, coordinates=self.options.coordinates
+            ),
             actions=ACTIONS,
         )
 
@@ -222,9 +230,16 @@ _SPLITS: dict[tuple[str, float, int], tuple[int, ...]] = {}
 
 
 def render_text(
-    row: int, col: int, passenger: int, destination: int, *, locs: list[tuple[int, int]]
+    row: int,
+    col: int,
+    passenger: int,
+    destination: int,
+    *,
+    locs: list[tuple[int, int]],
+    coordinates: bool = False,
 ) -> str:
-    """The grid (cells `.`, walls `|`, open sides blank) and one status line."""
+    """The grid (cells `.`, walls `|`, open sides blank) and one status line (which also names
+    each piece's cell with `coordinates`)."""
     grid = [list(line) for line in MAP]
     for line in grid[1:-1]:
         for j in range(1, len(line) - 1):
@@ -239,6 +254,13 @@ def render_text(
     if passenger == destination:  # only after a delivery (gymnasium never starts there)
         put((row, col), "T")
         return "\n".join("".join(line) for line in grid) + "\nThe passenger has been delivered."
+    cells = ""
+    if coordinates:  # the grid's letters, each with its (row, column)
+        pieces = [f"X {row},{col}"] if passenger == IN_TAXI else [f"T {row},{col}"]
+        if passenger != IN_TAXI:
+            pieces.append("P {},{}".format(*locs[passenger]))
+        pieces.append("D {},{}".format(*locs[destination]))
+        cells = "\nCells (row, column): " + "; ".join(pieces) + "."
     put(locs[destination], "D")
     if passenger == IN_TAXI:
         put((row, col), "X")
@@ -251,7 +273,7 @@ def render_text(
             status += " The taxi is at the passenger's cell."
     if (row, col) == locs[destination]:
         status += " The taxi is at the destination."
-    return "\n".join("".join(line) for line in grid) + "\n" + status
+    return "\n".join("".join(line) for line in grid) + "\n" + status + cells
 
 
 # Distance (in actions) from each state to the goal, per goal kind; the transition table is
