@@ -72,6 +72,12 @@ def check_dataset(config: Any, out: Path, rate_bounds: tuple[float, float]) -> l
             policy = row["sft_policy"]
             assert obs.actions[demo.expert(env)] == policy["expert_action"]
             reflector.text = row["sft_reflection"]["completion"]
+            if policy["wrong_hint"]:  # the policy's row quotes another reflection: render that
+                start = len(row["sft_reflection"]["prompt"])
+                reflector.text = policy["prompt"][
+                    start : policy["prompt"].index("\nValid actions:")
+                ]
+                assert reflector.text != row["sft_reflection"]["completion"]
             vec._orders[0] = vec_plain._orders[0] = list(range(len(obs.actions)))
             vec._observe([obs], [True], [True])
             vec_plain._observe([obs], [True], [True])

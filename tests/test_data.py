@@ -55,7 +55,7 @@ def test_wrong_hints_quote_a_mistake_and_keep_the_experts_label(tmp_path: Path) 
 
     config = load_config(None, [*TINY, "data.wrong_hint_rate=0.4"])
     stats = write_dataset(config, tmp_path / "w", episodes=12, seed=2, progress=False)
-    rows = [json.loads(x) for x in (tmp_path / "w" / "data.jsonl").read_text().splitlines()]
+    rows = check_dataset(config, tmp_path / "w", rate_bounds=(0.05, 0.4))  # prompts as RL's
     steps: dict[tuple[int, int], dict[str, dict]] = {}
     for r in rows:
         steps.setdefault((r["episode"], r["step"]), {})[r["target"]] = r
