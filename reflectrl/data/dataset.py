@@ -8,9 +8,9 @@ At a perturbed step (`data.negative_rate`) the episode takes a wrong but valid a
 of the expert's; the rows of that state still teach the expert's label, and the next state's
 reflection names the mistake and the recovery (those rows are `negative`). At
 `data.wrong_hint_rate` of the steps the `sft_policy` row's reflection names a wrong next action
-(`wrong_hint`; the label stays the expert's). Episodes come from
-the env's training split only, spread over the curriculum stages; `data.eval_fraction` of them
-(whole episodes) are marked `split: eval` for SFT's eval loss.
+(`wrong_hint`; the label stays the expert's). Episodes come from the env's training split only,
+spread over the curriculum stages; `data.eval_fraction` of them (whole episodes) are marked
+`split: eval` for SFT's eval loss.
 
 Output: `data.jsonl` (rows), `stats.json` (counts and token lengths).
 """
@@ -212,11 +212,8 @@ def episode_steps(
         if config.env.shuffle_options:
             order = [int(j) for j in rng.permutation(len(obs.actions))]
         reflection_prompt = renderer.reflection_prompt(env, obs)
-        policy = renderer.policy_prompt(
-            env, reflection_prompt.observation, reflection, order, reflection_prompt.level
-        )
         plain = renderer.policy_prompt(env, obs, None, order)
-        wrong_hint = False
+        hint, wrong_hint = reflection, False
         # The policy's row may quote a wrong next action (a mistake the demonstrator would
         # make), still labelled with the expert's: a served reflection model is sometimes
         # wrong, and a policy that only ever saw right hints learns to copy them. No draw at
@@ -230,10 +227,10 @@ def episode_steps(
                     writer.write(misled, rng),
                     config.reflection.max_tokens,
                 )
-                policy = renderer.policy_prompt(
-                    env, reflection_prompt.observation, hint, order, reflection_prompt.level
-                )
                 wrong_hint = True
+        policy = renderer.policy_prompt(
+            env, reflection_prompt.observation, hint, order, reflection_prompt.level
+        )
         take, perturbed = expert, False
         # Never two mistakes in a row: the step after a mistake is the expert's recovery.
         if (last is None or last[2]) and rng.random() < config.data.negative_rate:

@@ -256,9 +256,10 @@ def render_text(
         return "\n".join("".join(line) for line in grid) + "\nThe passenger has been delivered."
     cells = ""
     if coordinates:  # the grid's letters, each with its (row, column)
-        pieces = [f"X {row},{col}"] if passenger == IN_TAXI else [f"T {row},{col}"]
-        if passenger != IN_TAXI:
-            pieces.append("P {},{}".format(*locs[passenger]))
+        if passenger == IN_TAXI:
+            pieces = [f"X {row},{col}"]
+        else:
+            pieces = [f"T {row},{col}", "P {},{}".format(*locs[passenger])]
         pieces.append("D {},{}".format(*locs[destination]))
         cells = "\nCells (row, column): " + "; ".join(pieces) + "."
     put(locs[destination], "D")
