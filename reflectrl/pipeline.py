@@ -305,10 +305,12 @@ def launch(opts: LaunchOptions) -> Path:
         check_run(config, opts.workers)
     else:
         preflight(config)
+    # Ray first: it checks the GPUs the config asks for, and nothing is written if they are not
+    # there.
+    dashboard = init_ray(opts.address, config, opts.workers)
     run_dir.mkdir(parents=True, exist_ok=True)
     if not (run_dir / "config.yaml").exists():
         (run_dir / "config.yaml").write_text(dump_config(config))
-    dashboard = init_ray(opts.address, config, opts.workers)
     if dashboard:
         print(f"Ray dashboard: {dashboard}", flush=True)
     ctx = StageContext(config, run_dir, opts.workers, resume_from)

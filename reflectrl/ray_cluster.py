@@ -10,12 +10,18 @@ import ray
 
 from reflectrl.config import ReflectRLConfig
 from reflectrl.errors import ConfigError
+from reflectrl.placement import check_gpus
 
 
 def init_ray(address: str | None, config: ReflectRLConfig, workers: int) -> str | None:
     """Join `address` (or RAY_ADDRESS), else start a local Ray; returns the dashboard URL."""
+    import torch
+
     address = address or os.environ.get("RAY_ADDRESS")
     runtime_env = {"env_vars": {"HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}}
+    # The GPUs the config asks for must be there before anything starts (Ray would wait for
+    # them forever): a cluster's once joined, a local Ray's (this machine's) before it starts.
+    cuda_devices = torch.cuda.device_count()
     if address:
         _check_reachable(address)
         try:
@@ -25,7 +31,13 @@ def init_ray(address: str | None, config: ReflectRLConfig, workers: int) -> str 
                 f"cannot reach Ray at {address!r} ({str(err).splitlines()[0][:160]}); start it "
                 "with `ray start --head` or drop --address/RAY_ADDRESS for a local Ray"
             ) from None
+        try:
+            check_gpus(config, workers, ray.cluster_resources().get("GPU", 0.0), cuda_devices)
+        except ConfigError:
+            ray.shutdown()
+            raise
     else:
+        check_gpus(config, workers, cuda_devices, cuda_devices)
         # A local single-user cluster on loopback: token auth off, dashboard on 127.0.0.1.
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")

@@ -11,9 +11,30 @@ from reflectrl.errors import ConfigError
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_gpu_yaml_spells_out_the_defaults() -> None:
-    from_file = load_config(REPO / "configs" / "gpu.yaml")
-    assert from_file == ReflectRLConfig()
+def leaves(tree: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def test_gpu_yaml_is_the_defaults_placed_on_a_gpu() -> None:
+    """The built-in defaults run on CPUs; gpu.yaml spells them out and moves the three parts
+    (reflection server, learner, rollout scoring) onto the GPU, nothing else."""
+    from_file = leaves(load_config(REPO / "configs" / "gpu.yaml").model_dump(mode="json"))
+    defaults = leaves(ReflectRLConfig().model_dump(mode="json"))
+    differ = {key for key in defaults if from_file[key] != defaults[key]}
+    assert differ == {
+        "policy.dtype",
+        "reflection.device",
+        "reflection.num_gpus",
+        "run.num_gpus_per_learner",
+        "run.num_gpus_per_worker",
+    }
+    assert defaults["reflection.device"] == "cpu" and from_file["reflection.device"] == "cuda"
 
 
 def test_every_shipped_config_loads() -> None:

