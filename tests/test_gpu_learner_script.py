@@ -42,3 +42,25 @@ def test_gpu_learner_dry_run_without_ray(tmp_path: Path) -> None:
         assert row["tokens_per_s"] > 0 and row["tokens_per_update"] > 0 and row["params"] > 0
     assert all(r["time_vs_no_checkpointing"] > 0 for r in rows[1::2])
     assert "tokens_per_s" in result.stdout
+
+
+def test_rollout_dtype_compares_half_precision_scoring_with_float32(tmp_path: Path) -> None:
+    """`benchmarks/rollout_dtype.py` on the tiny model: float32 against itself is exact, and
+    bf16 / fp16 scoring of real Taxi prompts stays close to it (a dtype that broke the label
+    logits, e.g. the mask overflowing float16, would not)."""
+    out = tmp_path / "rollout_dtype"
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.rollout_dtype", "--rows", "16", "--model", "tiny"]
+        + ["--device", "cpu", "--name", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = {r["dtype"]: r for r in json.loads(out.with_suffix(".json").read_text())["rows"]}
+    assert set(rows) == {"float32", "bfloat16", "float16"}
+    assert rows["float32"]["max_abs_prob_diff"] == 0 and rows["float32"]["same_argmax"] == 1
+    for half in ("bfloat16", "float16"):
+        assert 0 < rows[half]["mean_abs_prob_diff"] < 0.01
+        assert rows[half]["mean_kl_nats"] < 1e-3 and rows[half]["rows_per_s"] > 0
