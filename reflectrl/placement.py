@@ -1,10 +1,11 @@
 """The GPUs a run asks for, and the check that the machine or cluster has them.
 
-Three parts can hold a GPU: the reflection replicas (Ray actors, `reflection.num_gpus` each),
+Three parts of RL can hold a GPU: the reflection replicas (Ray actors, `reflection.num_gpus` each),
 the learner (in the driver when `run.num_learners` is 0, else that many Learner actors with
 `run.num_gpus_per_learner` each) and the rollout workers (`run.num_gpus_per_worker` each).
 Fractions share a GPU: Ray packs them and sets each actor's `CUDA_VISIBLE_DEVICES`. A learner
-in the driver is outside Ray's accounting: it needs a CUDA device in this process.
+in the driver is outside Ray's accounting: it needs a CUDA device in this process. Before RL,
+the SFT stage trains each player as a Ray task with one learner's GPUs.
 
 `check_gpus` runs as soon as Ray is up, before any server, worker or learner starts.
 """
@@ -86,7 +87,9 @@ def check_gpus(
     """ConfigError (one line) when the run asks for more GPUs than Ray's cluster has
     (`cluster_gpus`) or its learner-in-the-driver for a GPU this process cannot see."""
     asked = gpu_requests(config, workers)
-    short_of_ray = asked.from_ray > cluster_gpus + 1e-9
+    # The SFT stage runs each player as a Ray task with one learner's GPUs, before RL starts.
+    sft = asked.gpus_per_learner if config.sft.enabled else 0.0
+    short_of_ray = max(asked.from_ray, sft) > cluster_gpus + 1e-9
     short_in_driver = asked.in_driver > 0 and driver_gpus < 1
     if not (short_of_ray or short_in_driver):
         return

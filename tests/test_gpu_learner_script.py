@@ -49,9 +49,9 @@ def test_rollout_dtype_compares_half_precision_scoring_with_float32(tmp_path: Pa
     bf16 / fp16 scoring of real Taxi prompts stays close to it (a dtype that broke the label
     logits, e.g. the mask overflowing float16, would not)."""
     out = tmp_path / "rollout_dtype"
+    args = ["--rows", "16", "--model", "tiny", "--device", "cpu", "--name", str(out)]
     result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.rollout_dtype", "--rows", "16", "--model", "tiny"]
-        + ["--device", "cpu", "--name", str(out)],
+        [sys.executable, "-m", "benchmarks.rollout_dtype", *args],
         capture_output=True,
         text=True,
         timeout=300,

@@ -107,6 +107,11 @@ def test_too_few_gpus_fail_in_one_line_naming_the_keys() -> None:
     # The learner in the driver needs a CUDA device even where Ray has GPUs to give.
     with pytest.raises(ConfigError, match="this process sees 0 CUDA devices"):
         check_gpus(config, WORKERS, cluster_gpus=1, driver_gpus=0)
+    # SFT trains each player as a Ray task with one learner's GPU, even with the learner in RL
+    # in the driver.
+    with pytest.raises(ConfigError, match=r"the Ray cluster has 0\.5"):
+        check_gpus(config, WORKERS, cluster_gpus=0.5, driver_gpus=1)
+    check_gpus(config, WORKERS, cluster_gpus=1, driver_gpus=1)
     cluster = recipe("gpu_cluster")
     with pytest.raises(ConfigError, match=r"asks for 3 GPUs .* the Ray cluster has 2"):
         check_gpus(cluster, WORKERS, cluster_gpus=2, driver_gpus=0)
