@@ -239,6 +239,10 @@ class DataConfig(Strict):
     """SFT data (`reflectrl data`): expert episodes from the env's training split only."""
 
     episodes: int = Field(300, ge=1)  # spread evenly over the curriculum stages
+    # observable: the expert and the reflections' facts come from what the agent sees (plus
+    # statistics of the training split); oracle: from hidden state (where AutoExplore's target
+    # is, what ALFWorld's closed receptacles hold), a named variant. Taxi's are the same.
+    expert: Literal["observable", "oracle"] = "observable"
     negative_rate: float = Field(0.2, ge=0, le=1)  # steps where a wrong action is taken
     # Steps whose policy row (sft_policy) quotes a wrong next action in its reflection, still
     # labelled with the expert's action: the policy learns that a hint can be wrong. 0: every

@@ -35,7 +35,7 @@ def check_dataset(config: Any, out: Path, rate_bounds: tuple[float, float]) -> l
 
     rows = [json.loads(line) for line in (out / "data.jsonl").read_text().splitlines()]
     stats = json.loads((out / "stats.json").read_text())
-    demo = demonstrator_for(config.env.name)
+    demo = demonstrator_for(config.env.name, config.data.expert)
     tokenizer = load_tokenizer(resolve_model(config.policy.model))
 
     class RowReflection:  # hands the vector env the row's reflection, records its prompts

@@ -40,4 +40,5 @@ class AlfWorldDemonstrator(Demonstrator):
         return str(env.game.path) if env.game is not None else ""
 
 
-DEMONSTRATOR = AlfWorldDemonstrator()
+# The walkthrough knows what closed receptacles hold: only the oracle variant exists so far.
+DEMONSTRATORS = {"oracle": AlfWorldDemonstrator()}

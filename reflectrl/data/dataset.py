@@ -93,7 +93,7 @@ def write_dataset(
     episodes = episodes or config.data.episodes
     if seed is None:
         seed = config.run.seed if config.data.seed is None else config.data.seed
-    demo = demonstrator_for(config.env.name)
+    demo = demonstrator_for(config.env.name, config.data.expert)
     writer = writer or make_writer(config)
     env = make_text_env(config.env.name, {**config.env.options, "split": demo.train_split})
     policy_dir = resolve_model(config.policy.model)
@@ -163,6 +163,7 @@ def write_dataset(
     stats = {
         **dict(counts),
         "eval_episodes": n_eval,
+        "expert": config.data.expert,
         "negative_rate": config.data.negative_rate,
         "wrong_hint_rate": config.data.wrong_hint_rate,
         "seed": seed,

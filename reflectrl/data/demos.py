@@ -51,14 +51,22 @@ _MODULES = {
 }
 
 
-def demonstrator_for(env_name: str) -> Demonstrator:
+def demonstrator_for(env_name: str, expert: str = "observable") -> Demonstrator:
+    """The env's `data.expert`: `observable` decides from what the agent sees (plus statistics
+    of the training split); `oracle` reads hidden state (a named variant)."""
     if env_name not in _MODULES:
         raise ConfigError(
             f"env.name {env_name!r} has no expert for SFT data; envs with one: "
             + ", ".join(_MODULES)
         )
-    demonstrator: Demonstrator = importlib.import_module(_MODULES[env_name]).DEMONSTRATOR
-    return demonstrator
+    experts: dict[str, Demonstrator] = importlib.import_module(_MODULES[env_name]).DEMONSTRATORS
+    if expert not in experts:
+        raise ConfigError(
+            f"data.expert={expert!r}: env {env_name!r} has no such expert; it has "
+            + ", ".join(sorted(experts))
+            + " (set data.expert to one of them)"
+        )
+    return experts[expert]
 
 
 def mistake_among(candidates: list[int], rng: np.random.Generator) -> int | None:

@@ -63,4 +63,5 @@ class TaxiDemonstrator(Demonstrator):
         return str(int(env.taxi.s))
 
 
-DEMONSTRATOR = TaxiDemonstrator()
+# Taxi is fully observable: the BFS expert decides from what the grid shows.
+DEMONSTRATORS = dict.fromkeys(("observable", "oracle"), TaxiDemonstrator())
