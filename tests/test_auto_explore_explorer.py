@@ -125,3 +125,17 @@ def test_sft_data_states_no_hidden_fact_unless_the_oracle_is_asked(
     hidden = ("on the way to the answer", "off the way to the answer", "answers the question")
     assert not any(phrase in texts["observable"] for phrase in hidden)
     assert any(phrase in texts["oracle"] for phrase in hidden)
+
+
+def test_held_out_evaluation_shows_every_entry(tasks_path: Path) -> None:
+    """Training hides off-path entries (`drop_prob`), which only the answer can tell apart:
+    evaluation never does, whatever the training config says."""
+    from reflectrl.config import load_config
+    from reflectrl.evaluation.runner import eval_config
+
+    config = load_config(
+        REPO / "configs" / "auto_explore.yaml", [f"env.options.tasks={tasks_path}"]
+    )
+    assert config.env.options["drop_prob"] == 0.5
+    held_out, _ = eval_config(config)
+    assert held_out.env.options["drop_prob"] == 0.0 and held_out.env.options["split"] == "test"

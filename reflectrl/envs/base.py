@@ -63,6 +63,9 @@ class TextEnv(gym.Env, ABC):
     stages: ClassVar[tuple[str, ...]] = ("default",)
     # The value of the env's `split` option that evaluation holds out (never in SFT data or RL).
     held_out_split: ClassVar[str] = "test"
+    # Options evaluation plays with whatever training set (e.g. AutoExplore shows every entry:
+    # its training view hides off-path ones, which only the task's answer can tell).
+    held_out_options: ClassVar[dict[str, Any]] = {}
     max_actions: int  # the largest menu this env can show (K of the policy's action space)
 
     def __init__(self) -> None:

@@ -18,6 +18,10 @@ class EnvSpec:
     name: str
     options_model: type[BaseModel]  # extra="forbid": unknown option keys are config errors
     factory: Callable[[Any], TextEnv]  # called with a validated options_model instance
+    # The config (sections of ReflectRLConfig, as a dict) a `scratch:<env>` tokenizer's corpus
+    # plays the env with, given a cache folder for what it generates: for envs whose options
+    # have no defaults (AutoExplore's tasks file) or whose prompts need other budgets.
+    corpus_config: Callable[[Any], dict[str, Any]] | None = None
 
 
 _REGISTRY: dict[str, EnvSpec] = {}

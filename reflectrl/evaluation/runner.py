@@ -39,7 +39,7 @@ def eval_config(config: ReflectRLConfig) -> tuple[ReflectRLConfig, list[str]]:
     if unknown:
         raise ConfigError(f"eval.stages: {unknown[0]!r} is not a stage of {config.env.name}")
     tree = config.model_dump(mode="json")
-    tree["env"]["options"]["split"] = split
+    tree["env"]["options"].update(env.held_out_options, split=split)
     tree["run"]["seed"] = config.run.seed if config.eval.seed is None else config.eval.seed
     return ReflectRLConfig.model_validate(tree), stages
 

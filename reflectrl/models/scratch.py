@@ -56,12 +56,15 @@ def corpus(env_name: str, episodes: int = CORPUS_EPISODES) -> Iterator[str]:
     from reflectrl.data.dataset import episode_steps
     from reflectrl.data.demos import demonstrator_for
     from reflectrl.data.writers import TemplateWriter
-    from reflectrl.envs.registry import make_text_env
+    from reflectrl.envs.registry import get_env_spec, make_text_env
     from reflectrl.models.loading import default_cache_dir, smollm2_tokenizer
     from reflectrl.rendering import PromptRenderer
     from reflectrl.rollout_workers.vector_env import hash_seed
 
-    config = ReflectRLConfig.model_validate({"env": {"name": env_name}})
+    spec = get_env_spec(env_name)
+    sections = spec.corpus_config(default_cache_dir() / "corpus") if spec.corpus_config else {}
+    sections = {**sections, "env": {**sections.get("env", {}), "name": env_name}}
+    config = ReflectRLConfig.model_validate(sections)
     config.env.shuffle_options = True  # labels in every menu position
     demo = demonstrator_for(env_name)
     env = make_text_env(env_name, {**config.env.options, "split": demo.train_split})

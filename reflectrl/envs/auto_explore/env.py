@@ -47,6 +47,7 @@ from reflectrl.envs.auto_explore.shell import (
     path_text,
 )
 from reflectrl.envs.auto_explore.tasks import (
+    DEFAULT_ROOTS,
     GenerationSettings,
     Task,
     generate_tasks,
@@ -96,6 +97,7 @@ class AutoExploreOptions(BaseModel):
 
 class AutoExploreEnv(TextEnv):
     stages: ClassVar[tuple[str, ...]] = ("depth1", "depth2", "all")
+    held_out_options: ClassVar[dict[str, Any]] = {"drop_prob": 0.0}
 
     def __init__(self, options: AutoExploreOptions) -> None:
         super().__init__()
@@ -288,8 +290,25 @@ def _keep_on_path(target: RelPath, salt: int, drop_prob: float) -> Callable[[Rel
     return keep
 
 
+def corpus_config(cache: Path) -> dict[str, Any]:
+    """A scratch tokenizer's corpus: the default roots' tasks (seed 0), with the prompt budgets
+    and the 40 labels of configs/auto_explore.yaml."""
+    options = {
+        "tasks": str(cache / "auto_explore-corpus-tasks.jsonl"),
+        "roots": list(DEFAULT_ROOTS),
+    }
+    return {
+        "env": {"options": options, "max_prompt_tokens": 1024},
+        "policy": {"labels": "123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"},
+        "reflection": {"max_model_len": 2048},
+    }
+
+
 register_env(
     EnvSpec(
-        name="auto_explore", options_model=AutoExploreOptions, factory=lambda o: AutoExploreEnv(o)
+        name="auto_explore",
+        options_model=AutoExploreOptions,
+        factory=lambda o: AutoExploreEnv(o),
+        corpus_config=corpus_config,
     )
 )

@@ -12,7 +12,8 @@ Each step:
    the question's key (shared word stems), then by the training split's chance that the target
    is that file or lies under that directory (by depth, suffix and directory name); files
    before directories on a tie;
-3. else `cd ..`; at the root with nothing left, `id` the file whose name resembles the key most.
+3. else `cd ..`; at the root with nothing left, `id` the file whose name resembles the key most
+   (or, with no file in view, enter the likeliest folder again).
 """
 
 from __future__ import annotations
@@ -159,5 +160,8 @@ def explore(sight: Sight, prior: TrainingPrior) -> str:
         return max(scored, key=lambda s: (s[0], s[1], [-ord(c) for c in s[2]]))[3]
     if sight.cwd:
         return "cd .."
-    guesses = sorted(sight.files, key=lambda f: -resemblance(f, sight.key))
-    return f"id {guesses[0]}" if guesses else "cd .."
+    # At the root with everything here explored: a guess, or (no file in view) a second look
+    # into the likeliest folder.
+    if sight.files:
+        return f"id {max(sight.files, key=lambda f: resemblance(f, sight.key))}"
+    return f"cd {max(sight.dirs, key=lambda d: resemblance(d, sight.key) + prior.below(0, d, 1))}"
