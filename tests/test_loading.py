@@ -248,3 +248,32 @@ def test_scratch_gpt2_shares_the_tokenizer_and_lora_targets_are_checked(scratch_
         check_lora_targets(gpt2_dir, ["q_proj", "v_proj"], "policy.lora.target_modules")
     with pytest.raises(ModelLoadError, match=r"unknown architecture 'mamba'.*scratch:dangerous"):
         resolve_model("scratch:dangerous_taxi:mamba", scratch_dir.parent.parent)
+
+
+def test_scratch_model_for_auto_explore_keeps_its_40_labels_whole(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """`scratch:auto_explore`: a tokenizer trained on AutoExplore's train-split text (tasks from
+    the installed packages' trees) round-trips its prompts, in fewer ids than bytes, and
+    keeps every one of the 40 menu labels a single token."""
+    from reflectrl import prompts
+    from reflectrl.envs.registry import get_env_spec, make_text_env
+    from reflectrl.models.tokens import label_token_ids
+
+    cache = tmp_path_factory.mktemp("cache")
+    tokenizer = load_tokenizer(resolve_model("scratch:auto_explore", cache))
+    labels = "123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcde"
+    assert len(set(label_token_ids(tokenizer, labels, prompts.ACTION_MARKER))) == 40
+    corpus = get_env_spec("auto_explore").corpus_config
+    assert corpus is not None
+    options = {**corpus(cache)["env"]["options"], "split": "test", "drop_prob": 0.0}
+    env = make_text_env("auto_explore", options)
+    obs, _ = env.reset(seed=0)
+    for step in range(3):
+        reflection = f'Step {step}: "{obs.actions[0]}" looks right.'
+        text = prompts.policy_prompt(obs, reflection, labels, range(len(obs.actions)))
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert tokenizer.decode(ids) == text
+        assert len(ids) < 0.6 * len(text)  # bytes: 1.0
+        cat = next((i for i, a in enumerate(obs.actions) if a.startswith("cat ")), 0)
+        obs, *_ = env.step(cat)  # a file's outline and text: code, not the env's own words
