@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -33,9 +34,9 @@ REPO = Path(__file__).resolve().parents[1]
 H100 = {"bf16_tflops": 989.0, "fp32_tflops": 67.0}  # dense peaks, H100 SXM datasheet
 
 
-def flops(fn: object) -> float:
+def flops(fn: Callable[[], object]) -> float:
     with FlopCounterMode(display=False) as counter:
-        fn()  # type: ignore[operator]
+        fn()
     return float(counter.get_total_flops())
 
 

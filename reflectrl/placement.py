@@ -47,9 +47,11 @@ class GpuRequests:
     @property
     def from_ray(self) -> float:
         """What Ray's scheduler must find on the cluster."""
-        actors = self.learners * self.gpus_per_learner if self.learners else 0.0
-        replicas = self.reflection_replicas * self.gpus_per_replica
-        return replicas + actors + self.workers * self.gpus_per_worker
+        return (
+            self.reflection_replicas * self.gpus_per_replica
+            + self.learners * self.gpus_per_learner
+            + self.workers * self.gpus_per_worker
+        )
 
     @property
     def in_driver(self) -> float:

@@ -104,9 +104,11 @@ def check_dataset(config: Any, out: Path, rate_bounds: tuple[float, float]) -> l
     return rows
 
 
-def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, timeout: float = 600, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """`reflectrl ARGS` in a fresh process on a local Ray, as a user runs it."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled", **(extra_env or {})}
     env.pop("RAY_ADDRESS", None)
     return subprocess.run(
         [sys.executable, "-m", "reflectrl.cli", *args],

@@ -9,8 +9,6 @@ the GPUs Ray gave it and its CUDA_VISIBLE_DEVICES.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +18,7 @@ from reflectrl import prompts
 from reflectrl.config import load_config
 from reflectrl.errors import ConfigError
 from reflectrl.placement import check_gpus, gpu_requests, reflection_actor_options
+from tests.helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 WORKERS = 2
@@ -128,14 +127,7 @@ def test_gpu_recipe_without_gpus_stops_before_anything_starts(tmp_path: Path) ->
     out = tmp_path / "run"
     args = ["launch", "--config", str(REPO / "configs" / "gpu.yaml"), "--output", str(out)]
     args += [f"--set={o}" for o in TINY]
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run(
-        [sys.executable, "-m", "reflectrl.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
+    proc = run_cli(*args, timeout=300, extra_env={"CUDA_VISIBLE_DEVICES": ""})  # no GPU in view
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "asks for 1.5 GPUs" in lines[0], proc.stderr[-2000:]
