@@ -41,7 +41,7 @@ def env_configs(tmp: Path) -> dict[str, tuple[str | None, list[str]]]:
         "dangerous_taxi": (None, TINY),
         "auto_explore": (
             str(REPO / "configs" / "auto_explore.yaml"),
-            [*TINY, f"env.options.tasks={tasks}"],
+            [*TINY, f"env.options.tasks={tasks}", "env.options.unseen_roots=[]"],
         ),
         "alfworld": (
             str(REPO / "configs" / "alfworld.yaml"),

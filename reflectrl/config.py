@@ -291,6 +291,9 @@ class EvalConfig(Strict):
 
     split: str | None = None  # None: the env's held-out split (Taxi/AutoExplore test, ALFWorld
     # valid_unseen)
+    # More held-out splits the pipeline's final eval plays too, each into eval_<split>.json
+    # (AutoExplore: `unseen`, the source trees training never saw).
+    extra_splits: list[str] = Field(default_factory=list)
     episodes: int = Field(30, ge=1)  # per stage and per decoding (greedy, sampled)
     stages: list[str] = Field(default_factory=list)  # empty: every curriculum stage
     every: int = Field(0, ge=0)  # during RL, every this many iterations; 0: never

@@ -8,7 +8,7 @@ from pathlib import Path
 from reflectrl import prompts
 from reflectrl.config import ReflectRLConfig
 from reflectrl.coordinator import Curriculum
-from reflectrl.envs.registry import make_text_env
+from reflectrl.envs.registry import env_splits, make_text_env
 from reflectrl.errors import ConfigError
 from reflectrl.models.adapters import (
     check_adapter_fits,
@@ -34,6 +34,13 @@ def preflight(config: ReflectRLConfig) -> PolicySpec:
     tokenizer = load_tokenizer(model_dir)
     env = make_text_env(config.env.name, config.env.options)
     Curriculum(config.curriculum, env.stages)  # unknown stage names fail here
+    splits = env_splits(config.env.name)
+    for split in config.eval.extra_splits:
+        if split not in splits:
+            raise ConfigError(
+                f"eval.extra_splits: {split!r} is not a split of env {config.env.name} "
+                f"({', '.join(splits)})"
+            )
     max_actions = env.max_actions
     if max_actions > len(config.policy.labels):
         raise ConfigError(

@@ -126,12 +126,23 @@ def test_rewards_step_cost_and_success_bonus(tmp_path: Path, repo: Path) -> None
         env.step(0)
 
 
-def test_wrong_id_ends_with_the_horizon_penalty(tmp_path: Path, repo: Path) -> None:
-    env = make_env(tmp_path, repo, max_steps=10, terminal_reward=7.0)
+@pytest.mark.parametrize("pays_unused", [True, False])
+def test_wrong_id_ends_with_the_horizon_penalty(
+    tmp_path: Path, repo: Path, pays_unused: bool
+) -> None:
+    # A wrong `id` on step 2 of 10 also pays the 8 unused steps' cost, so answering at once is
+    # never cheaper than exploring until the steps run out (-10 - 7 in all, both ways).
+    env = make_env(
+        tmp_path, repo, max_steps=10, terminal_reward=7.0, wrong_id_pays_unused_steps=pays_unused
+    )
     obs, _ = reset_to(env, "pkg/models.py")
-    _, reward, terminated, truncated, info = env.step(obs.actions.index("id core.py"))
+    obs, first, *_ = env.step(obs.actions.index("cd pkg"))
+    _, reward, terminated, truncated, info = env.step(obs.actions.index("id utils.py"))
     assert terminated and not truncated and not info["success"]
-    assert reward == pytest.approx((-1 - 7) * SCALE)
+    unused = 8 if pays_unused else 0
+    assert reward == pytest.approx((-1 - 7 - unused) * SCALE)
+    if pays_unused:
+        assert first + reward == pytest.approx((-10 - 7) * SCALE)
 
 
 def test_running_out_of_steps_terminates_with_the_penalty(tmp_path: Path, repo: Path) -> None:

@@ -111,7 +111,12 @@ def test_sft_data_states_no_hidden_fact_unless_the_oracle_is_asked(
     from reflectrl.config import load_config
     from reflectrl.data.dataset import write_dataset
 
-    base = [f"env.options.tasks={tasks_path}", "policy.model=tiny", "reflection.model=tiny"]
+    base = [
+        f"env.options.tasks={tasks_path}",
+        "env.options.unseen_roots=[]",
+        "policy.model=tiny",
+        "reflection.model=tiny",
+    ]
     texts = {}
     for expert in ("observable", "oracle"):
         config = load_config(
@@ -134,7 +139,8 @@ def test_held_out_evaluation_shows_every_entry(tasks_path: Path) -> None:
     from reflectrl.evaluation.runner import eval_config
 
     config = load_config(
-        REPO / "configs" / "auto_explore.yaml", [f"env.options.tasks={tasks_path}"]
+        REPO / "configs" / "auto_explore.yaml",
+        [f"env.options.tasks={tasks_path}", "env.options.unseen_roots=[]"],
     )
     assert config.env.options["drop_prob"] == 0.5
     held_out, _ = eval_config(config)

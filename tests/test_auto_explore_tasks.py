@@ -99,6 +99,29 @@ def test_split_is_by_file_and_stable_when_roots_are_added(tmp_path: Path, repo: 
     assert {t.split for t in generate_tasks([str(other)], 1, settings=none)} == {"train"}
 
 
+def test_unseen_roots_are_held_out_whole_and_move_no_training_task(
+    tmp_path: Path, repo: Path
+) -> None:
+    other = tmp_path / "other"
+    (other / "sub").mkdir(parents=True)
+    for i in range(6):
+        (other / "sub" / f"mod{i}.py").write_text(f"class Unseen{i}: ...\n")
+    alone = generate_tasks([str(repo)], seed=2)
+    with_unseen = generate_tasks([str(repo)], seed=2, unseen_roots=[str(other)])
+    assert with_unseen[: len(alone)] == alone  # the training roots' tasks and splits unchanged
+    unseen = with_unseen[len(alone) :]
+    assert len(unseen) == 6 and {t.split for t in unseen} == {"unseen"}
+    assert {t.root for t in unseen} == {str(other.resolve())} and {t.depth for t in unseen} == {2}
+    with pytest.raises(ConfigError, match="both a training root and an unseen root"):
+        generate_tasks([str(repo)], seed=2, unseen_roots=[str(repo)])
+    path = tmp_path / "tasks.jsonl"
+    write_tasks(with_unseen, path)
+    env = AutoExploreEnv(AutoExploreOptions(tasks=str(path), split="unseen"))
+    assert {t.id for t in env.tasks} == {t.id for t in unseen}
+    env.reset(seed=0)
+    assert env.episode_kind == "depth2"  # held-out reports have a row per depth
+
+
 def test_max_tasks_keeps_a_seeded_subset(repo: Path) -> None:
     every = generate_tasks([str(repo)], seed=0)
     some = generate_tasks([str(repo)], seed=0, max_tasks=4)

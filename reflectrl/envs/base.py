@@ -87,7 +87,7 @@ class TextEnv(gym.Env, ABC):
     @property
     def episode_kind(self) -> str:
         """The kind of task the running episode plays, for per-kind results (ALFWorld: its task
-        type); "" where an env has one kind."""
+        type; AutoExplore: the target's depth); "" where an env has one kind."""
         return ""
 
     def set_stage(self, stage: str, review: Sequence[str] = (), review_share: float = 0.0) -> None:

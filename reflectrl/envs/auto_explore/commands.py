@@ -33,6 +33,14 @@ def add_commands(sub: Any) -> None:
         help="a directory, or pkg:NAME for an installed package's source tree (repeatable; "
         "default: pkg:gymnasium pkg:peft pkg:pydantic pkg:trl)",
     )
+    tasks.add_argument(
+        "--unseen-root",
+        dest="unseen_roots",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a held-out source tree: all of its tasks go to the `unseen` split (repeatable)",
+    )
     tasks.add_argument("--out", required=True, metavar="FILE.jsonl")
     tasks.add_argument("--seed", type=int, default=0, help="split and question choice (0)")
     tasks.add_argument("--max-tasks", type=int, metavar="N", help="keep a seeded subset of N")
@@ -51,7 +59,7 @@ def add_commands(sub: Any) -> None:
         help="run the expert on every task; print the success rate and mean length",
     )
     check.add_argument("--tasks", required=True, metavar="FILE.jsonl")
-    check.add_argument("--split", choices=("train", "test", "all"), default="all")
+    check.add_argument("--split", choices=("train", "test", "unseen", "all"), default="all")
     _env_settings(check)
     check.set_defaults(handler=run_check)
 
@@ -99,7 +107,8 @@ def run_tasks(args: argparse.Namespace) -> int:
         max_read_bytes=args.max_read_bytes,
         test_fraction=args.test_fraction,
     )
-    tasks = generate_tasks(args.roots or DEFAULT_ROOTS, args.seed, args.max_tasks, settings)
+    roots = args.roots or DEFAULT_ROOTS
+    tasks = generate_tasks(roots, args.seed, args.max_tasks, settings, args.unseen_roots)
     if args.writer_url:
         from reflectrl.envs.auto_explore.writer import rewrite_questions
 
@@ -110,7 +119,7 @@ def run_tasks(args: argparse.Namespace) -> int:
     depths = ", ".join(f"{d}: {n}" for d, n in sorted(Counter(t.depth for t in tasks).items()))
     print(
         f"wrote {len(tasks)} tasks to {args.out} (train {splits['train']}, test "
-        f"{splits['test']}; {kinds}; by depth {depths})"
+        f"{splits['test']}, unseen {splits['unseen']}; {kinds}; by depth {depths})"
     )
     return 0
 

@@ -8,8 +8,12 @@ commands instead (invalid ones are error observations that cost `error_penalty`)
 Rewards (then times `reward_scale`): `-step_penalty` per step, another `-error_penalty` for
 an error or warning (a file that cannot be shown, re-entering a visited directory, reading a
 file again, an invalid typed command; the published code's cost here was always zero), and
-at the end +horizon for identifying the target, -horizon for a wrong `id` or for running out
-of steps (horizon = `terminal_reward`, by default `max_steps`).
+at the end +horizon for identifying the target, -horizon for running out of steps, and for a
+wrong `id` -horizon minus the step costs of the steps it leaves unused (horizon =
+`terminal_reward`, by default `max_steps`). So answering at once never costs less than
+exploring to the limit: with the flat -horizon (`wrong_id_pays_unused_steps: false`), an agent
+that cannot yet find files learns to `id` on its first step, and our first run did (episode
+length 11.4 -> 1.2 in ten iterations).
 
 Ends: every end is `terminated`, the step limit included. The observation shows the steps
 left, so running out is a terminal the agent can see coming, and it is paid for with the
@@ -19,6 +23,10 @@ Prompt budget: `shorter_observation(level)` halves the command history and the l
 per level; the current directory and its listing (the current state) are never cut.
 
 `reset(options={"task_id": ...})` plays a given task of the split (the expert check does).
+
+Splits: `train` and `test` (by file, over the training roots) and `unseen` (every file of the
+`unseen_roots`, trees training never sees). `episode_kind` is the target's depth (`depth2`),
+so held-out reports have a row per depth.
 
 Stages: `depth1` plays targets at the root, `depth2` targets at most one directory down,
 `all` every task (depth = the target's path components); a stage with no task of its depths
@@ -52,6 +60,7 @@ from reflectrl.envs.auto_explore.tasks import (
     Task,
     generate_tasks,
     load_tasks,
+    root_id,
     unit_hash,
     write_tasks,
 )
@@ -70,9 +79,11 @@ class AutoExploreOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tasks: str  # a tasks JSONL (made absolute here: rollout workers may run in another cwd)
-    split: Literal["train", "test", "all"] = "train"
-    # When `tasks` does not exist yet, generate it from these roots (dirs or pkg:NAME) first.
+    split: Literal["train", "test", "unseen", "all"] = "train"
+    # When `tasks` does not exist yet, generate it from these roots (dirs or pkg:NAME) first;
+    # every task of `unseen_roots` goes to the `unseen` split.
     roots: list[str] = Field(default_factory=list)
+    unseen_roots: list[str] = Field(default_factory=list)
     generate_seed: int = 0
     generate_max_tasks: int | None = Field(default=None, ge=1)
     max_steps: int = Field(default=20, gt=0)
@@ -82,6 +93,7 @@ class AutoExploreOptions(BaseModel):
     error_penalty: float = Field(default=1.0, ge=0.0)
     terminal_reward: float | None = Field(default=None, ge=0.0)  # None: max_steps
     reward_scale: float = Field(default=0.05, gt=0.0)
+    wrong_id_pays_unused_steps: bool = True
     max_read_bytes: int = Field(default=DEFAULT_MAX_READ_BYTES, ge=1)
     max_output_chars: int = Field(default=DEFAULT_MAX_OUTPUT_CHARS, ge=100)
     history_len: int = Field(default=10, ge=0)
@@ -113,10 +125,21 @@ class AutoExploreEnv(TextEnv):
                 suffixes=options.suffixes,
             )
             found = generate_tasks(
-                options.roots, options.generate_seed, options.generate_max_tasks, settings
+                options.roots,
+                options.generate_seed,
+                options.generate_max_tasks,
+                settings,
+                options.unseen_roots,
             )
             write_tasks(found, path)
         every = load_tasks(path)
+        held_out = {t.root for t in every if t.split == "unseen"}
+        missing = [r for r in options.unseen_roots if root_id(r) not in held_out]
+        if missing:
+            raise ConfigError(
+                f"tasks file {path} has no unseen tasks of {missing[0]}; delete it to have it "
+                "generated again with env.options.unseen_roots"
+            )
         self.tasks = [t for t in every if options.split in ("all", t.split)]
         if not self.tasks:
             raise ConfigError(f"tasks file {path} has no {options.split!r} tasks")
@@ -155,6 +178,10 @@ class AutoExploreEnv(TextEnv):
             shallowest = min(t.depth for t in self.tasks)
             chosen = [t for t in self.tasks if t.depth == shallowest]
         return chosen
+
+    @property
+    def episode_kind(self) -> str:
+        return f"depth{self.task.depth}"
 
     @property
     def actions(self) -> tuple[str, ...]:
@@ -218,8 +245,11 @@ class AutoExploreEnv(TextEnv):
         identified = result.identified is not None
         success = identified and result.identified == self.task.parts
         out_of_steps = not identified and self._steps >= opts.max_steps
-        if identified:
-            reward += horizon if success else -horizon
+        if success:
+            reward += horizon
+        elif identified:
+            unused = opts.max_steps - self._steps if opts.wrong_id_pays_unused_steps else 0
+            reward -= horizon + opts.step_penalty * unused
         elif out_of_steps:
             reward -= horizon
         # A visible step limit is a real terminal (see the module docstring): never truncated.

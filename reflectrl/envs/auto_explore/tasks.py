@@ -2,7 +2,8 @@
 
 One task per line: `id`, `root` (a directory or `pkg:NAME`), `question`, `target` (the
 answer's path relative to the root), `depth` (path components of the target: 1 = a file at
-the root), `split` (`train`/`test`), plus `kind` and `key` (what the question names).
+the root), `split` (`train`/`test`, or `unseen` for every file of a held-out root), plus `kind`
+and `key` (what the question names).
 
 Questions name exactly one file of the tree and are answerable by reading it:
 - Python: "Which file defines the class/function `X`?", X a public top-level definition
@@ -12,7 +13,8 @@ Questions name exactly one file of the tree and are answerable by reading it:
 The item must show in the target's `cat` output under the env's settings, and the target
 must be reachable under the menu cap (`View.reachable`). The split is by file: a seeded hash
 of (seed, root name, path) puts each file in one split, so no target is in both and adding
-roots does not move the other files.
+roots does not move the other files. Roots given as `unseen_roots` are whole source trees that
+training never sees: all of their tasks are in the `unseen` split.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ class Task(BaseModel):
     question: str
     target: str
     depth: int
-    split: Literal["train", "test"]
+    split: Literal["train", "test", "unseen"]
     kind: str = ""
     key: str = ""
 
@@ -151,10 +153,16 @@ def generate_tasks(
     seed: int,
     max_tasks: int | None = None,
     settings: GenerationSettings | None = None,
+    unseen_roots: Sequence[str] = (),
 ) -> list[Task]:
+    """The tasks of `roots` (split by file into train/test) and of `unseen_roots` (all
+    `unseen`); `max_tasks` keeps a seeded subset of the former."""
     settings = settings or GenerationSettings()
     if not roots:
         raise ConfigError("no roots to generate tasks from")
+    shared = sorted({root_id(r) for r in roots} & {root_id(r) for r in unseen_roots})
+    if shared:
+        raise ConfigError(f"root {shared[0]} is both a training root and an unseen root")
     tasks: list[Task] = []
     for spec in roots:
         tasks.extend(_root_tasks(root_id(spec), seed, settings))
@@ -163,6 +171,11 @@ def generate_tasks(
     if max_tasks is not None and len(tasks) > max_tasks:
         keep = sorted(random.Random(seed).sample(range(len(tasks)), max_tasks))
         tasks = [tasks[i] for i in keep]
+    for spec in unseen_roots:
+        found = _root_tasks(root_id(spec), seed, settings)
+        if not found:
+            raise ConfigError(f"unseen root {spec}: no answerable questions found")
+        tasks.extend(t.model_copy(update={"split": "unseen"}) for t in found)
     return tasks
 
 
