@@ -216,14 +216,15 @@ def test_detail_table_averages_each_figure_over_the_seeds_that_have_it() -> None
         {"variant": "rl", "finished": True, "success_greedy_by_stage": {"full": 0.3, "pickup": 0.0},
          "success_before_rl_greedy": 0.4, "success_greedy_unseen_states": 0.25},
         {"variant": "rl", "finished": False},
-        {"variant": "sft", "finished": True, "success_greedy_by_stage": {"full": 0.9}},
+        {"variant": "sft", "finished": True, "success_greedy_by_stage": {"full": 0.9},
+         "success_greedy_by_split": {"unseen": 0.1}},
     ]  # fmt: skip
     lines = detail_table(runs).splitlines()
     assert lines[0] == (
-        "| variant | pickup | full | before RL | curve mean | on unseen states |"
-    )  # the curriculum's order, not the alphabet's
-    assert lines[2] == "| rl | 0.500 (2) | 0.400 (2) | 0.300 (2) | 0.400 (1) | 0.250 (1) |"
-    assert lines[3] == "| sft | n/a | 0.900 (1) | n/a | n/a | n/a |"
+        "| variant | pickup | full | before RL | curve mean | on unseen states | unseen split |"
+    )  # the curriculum's order, not the alphabet's; then each of eval.extra_splits
+    assert lines[2] == ("| rl | 0.500 (2) | 0.400 (2) | 0.300 (2) | 0.400 (1) | 0.250 (1) | n/a |")
+    assert lines[3] == "| sft | n/a | 0.900 (1) | n/a | n/a | n/a | 0.100 (1) |"
 
 
 def test_runs_that_differ_only_in_rl_settings_share_their_data_and_sft() -> None:
@@ -240,3 +241,14 @@ def test_runs_that_differ_only_in_rl_settings_share_their_data_and_sft() -> None
     assert key("sft.method=lora") != key("sft.method=lora", *lora)  # the SFT adapter's shape
     assert key("sft.method=full") != key("sft.method=full", "data.episodes=7")
     assert key("sft.enabled=false") is None
+
+
+@pytest.mark.parametrize(
+    "path", sorted((REPO / "experiments").glob("*.yaml")), ids=lambda p: p.name
+)
+def test_shipped_experiment_files_plan_valid_configs(
+    path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)  # bases are relative to the repository root
+    runs = plan(load_spec(path), tmp_path)
+    assert len(runs) >= 3 and len({r.dir for r in runs}) == len(runs)

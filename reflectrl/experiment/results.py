@@ -116,6 +116,10 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
                 stage: s["success_rate"] for stage, s in report["greedy"]["stages"].items()
             },
         )
+        extra = eval_marker.get("extra_splits", {})  # e.g. AutoExplore's unseen source trees
+        summary["success_greedy_by_split"] = {
+            split: figures["success_rate_greedy"] for split, figures in extra.items()
+        }
         unseen = report["greedy"].get("unseen_states")
         if unseen is not None:  # episodes that met a state the SFT data never showed
             summary["unseen_states_episodes"] = unseen["all"]["episodes"]
@@ -210,8 +214,8 @@ DETAIL_COLUMNS = (
 
 def detail_table(runs: list[dict[str, Any]]) -> str:
     """One row per variant, each cell the mean over its finished seeds that have the figure:
-    greedy success per stage, before RL, over the held-out curve, and on the episodes that met
-    a state the SFT data never showed."""
+    greedy success per stage, before RL, over the held-out curve, on the episodes that met a
+    state the SFT data never showed, and on each of `eval.extra_splits`."""
     variants: dict[str, list[dict[str, Any]]] = {}
     for run in runs:
         if run["finished"]:
@@ -221,6 +225,10 @@ def detail_table(runs: list[dict[str, Any]]) -> str:
                     key=lambda s: (CURRICULUM_ORDER.get(s, 99), s))  # fmt: skip
     columns = [(stage, lambda r, s=stage: r.get("success_greedy_by_stage", {}).get(s))
                for stage in stages] + list(DETAIL_COLUMNS)  # fmt: skip
+    splits = sorted({s for rows in variants.values() for r in rows
+                     for s in r.get("success_greedy_by_split", {})})  # fmt: skip
+    columns += [(f"{split} split", lambda r, s=split: r.get("success_greedy_by_split", {}).get(s))
+                for split in splits]  # fmt: skip
     lines = [
         "| variant | " + " | ".join(name for name, _ in columns) + " |",
         "|---|" + "---|" * len(columns),
