@@ -326,8 +326,10 @@ def test_expert_recovers_from_a_wrong_go_to(data_dir: Path) -> None:
 def test_two_envs_in_one_process_do_not_share_engine_state(data_dir: Path) -> None:
     paths = [train_game(data_dir, t) for t in ("pick_two_obj_and_place", "look_at_obj_in_light")]
     envs = [AlfWorldEnv(AlfWorldOptions(data_dir=str(data_dir))) for _ in paths]
+    argv = list(sys.argv)
     for env, path in zip(envs, paths, strict=True):
         env.reset(options={"game": str(path)})
+    assert sys.argv == argv  # the planner's translator sets it while a game loads
     successes = [False, False]
     while not all(successes):
         for i, env in enumerate(envs):

@@ -277,3 +277,32 @@ def test_scratch_model_for_auto_explore_keeps_its_40_labels_whole(
         assert len(ids) < 0.6 * len(text)  # bytes: 1.0
         cat = next((i for i, a in enumerate(obs.actions) if a.startswith("cat ")), 0)
         obs, *_ = env.step(cat)  # a file's outline and text: code, not the env's own words
+
+
+def test_scratch_model_for_alfworld_keeps_its_60_labels_whole(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """`scratch:alfworld`: a tokenizer trained on the text of ALFWorld's training games (made
+    offline by the generator) round-trips the prompts of a game on an unseen floor plan, in
+    fewer ids than bytes, and keeps every one of the 60 menu labels a single token."""
+    from reflectrl import prompts
+    from reflectrl.envs.alfworld.generator import generate_games
+    from reflectrl.envs.registry import make_text_env
+    from reflectrl.models.tokens import label_token_ids
+
+    cache = tmp_path_factory.mktemp("cache")
+    tokenizer = load_tokenizer(resolve_model("scratch:alfworld", cache))
+    labels = "123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxy"
+    assert len(set(label_token_ids(tokenizer, labels, prompts.ACTION_MARKER))) == 60
+    games = tmp_path_factory.mktemp("games") / "games"
+    generate_games(games, 2, 7, valid_seen=0.0, valid_unseen=0.5)
+    env = make_text_env("alfworld", {"data_dir": str(games), "split": "valid_unseen"})
+    obs, _ = env.reset(seed=0)
+    for step in range(3):
+        reflection = f'Step {step}: "{obs.actions[0]}" looks right.'
+        text = prompts.policy_prompt(obs, reflection, labels, range(len(obs.actions)))
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert tokenizer.decode(ids) == text
+        assert len(ids) < 0.5 * len(text)  # bytes: 1.0
+        obs, *_ = env.step(0)
+    env.close()

@@ -22,6 +22,7 @@ class EnvSpec:
     # plays the env with, given a cache folder for what it generates: for envs whose options
     # have no defaults (AutoExplore's tasks file) or whose prompts need other budgets.
     corpus_config: Callable[[Any], dict[str, Any]] | None = None
+    corpus_episodes: int = 240  # expert episodes the corpus plays (fewer where steps are slow)
 
 
 _REGISTRY: dict[str, EnvSpec] = {}

@@ -28,7 +28,6 @@ SCRATCH_PREFIX = "scratch:"
 SCRATCH_RECIPE = "scratch-llama-v1"
 ARCHITECTURES = ("llama", "gpt2")
 VOCAB_SIZE = 512
-CORPUS_EPISODES = 240
 CORPUS_SEED = 1234
 SPECIALS = ("<|endoftext|>", "<|pad|>")
 
@@ -49,9 +48,10 @@ def dirname(env_name: str, arch: str = "llama") -> str:
     return f"scratch-{env_name}" if arch == "llama" else f"scratch-{arch}-{env_name}"
 
 
-def corpus(env_name: str, episodes: int = CORPUS_EPISODES) -> Iterator[str]:
-    """Every prompt and reflection of `episodes` seeded expert episodes (with mistakes) of the
-    env's train split, at every curriculum stage, plus the label alphabet."""
+def corpus(env_name: str, episodes: int | None = None) -> Iterator[str]:
+    """Every prompt and reflection of `episodes` (default: the env's `corpus_episodes`) seeded
+    expert episodes (with mistakes) of the env's train split, at every curriculum stage, plus
+    the label alphabet."""
     from reflectrl.config import ReflectRLConfig
     from reflectrl.data.dataset import episode_steps
     from reflectrl.data.demos import demonstrator_for
@@ -62,6 +62,7 @@ def corpus(env_name: str, episodes: int = CORPUS_EPISODES) -> Iterator[str]:
     from reflectrl.rollout_workers.vector_env import hash_seed
 
     spec = get_env_spec(env_name)
+    episodes = spec.corpus_episodes if episodes is None else episodes
     sections = spec.corpus_config(default_cache_dir() / "corpus") if spec.corpus_config else {}
     sections = {**sections, "env": {**sections.get("env", {}), "name": env_name}}
     config = ReflectRLConfig.model_validate(sections)

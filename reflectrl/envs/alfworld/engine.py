@@ -14,6 +14,7 @@ game would leak one shared-library copy each time). No engine call writes any fi
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -50,6 +51,7 @@ class Engine:
         """Load a game file (checked first) or an in-memory game (the generator's, unwritten)."""
         data = read_game(game) if isinstance(game, Path) else game
         where = name or str(game if isinstance(game, Path) else "generated game")
+        argv = list(sys.argv)  # the planner's translator sets sys.argv for itself
         try:
             # A mapping, not the path: the engine then never opens files itself.
             self._env.load(data)
@@ -59,6 +61,8 @@ class Engine:
                 f"{where}: the alfworld engine cannot load this game ({type(err).__name__}: "
                 f"{first[:200]})"
             ) from None
+        finally:
+            sys.argv[:] = argv
         self.game = game if isinstance(game, Path) else None
 
     def reset(self) -> EngineState:

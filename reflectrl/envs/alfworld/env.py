@@ -59,6 +59,10 @@ class AlfWorldOptions(BaseModel):
     max_steps: int = Field(50, gt=0)  # commands per episode (ALFWorld's usual budget)
     max_actions: int = Field(DEFAULT_MAX_ACTIONS, ge=2)  # menu cap, the policy's K (labels)
     history: int = Field(4, ge=1)  # (command, engine text) pairs shown, most recent last
+    # When data_dir does not exist yet, generate this many games there first (as
+    # `reflectrl alfworld-gen --n N --seed generate_seed` does); 0: never.
+    generate_games: int = Field(0, ge=0)
+    generate_seed: int = 0
     curriculum: Literal["task_type", "walkthrough_length"] = "task_type"
     length_stages: list[int] = Field(default_factory=lambda: [6, 10])
 
@@ -93,6 +97,11 @@ class AlfWorldEnv(TextEnv):
     def __init__(self, options: AlfWorldOptions | None = None) -> None:
         self.options = options or AlfWorldOptions()
         self.max_actions = self.options.max_actions
+        if self.options.generate_games and self.options.data_dir:
+            from reflectrl.envs.alfworld.generator import ensure_games
+
+            opts = self.options
+            ensure_games(Path(opts.data_dir), opts.generate_games, opts.generate_seed)
         self.root = resolve_data_root(self.options.data_dir)
         self.games: tuple[GameEntry, ...] = tuple(
             self._select(scan_games(self.root, self.options.split))
@@ -148,6 +157,16 @@ class AlfWorldEnv(TextEnv):
     @property
     def episode_kind(self) -> str:
         return self.game.task_type if self.game is not None else ""
+
+    @property
+    def description(self) -> str:
+        """The room description the game starts with (every observation shows it)."""
+        return self._description
+
+    @property
+    def history(self) -> tuple[tuple[str, str], ...]:
+        """Every (command, engine text) pair of the episode so far, oldest first."""
+        return tuple(self._history)
 
     @property
     def last_feedback(self) -> str:
@@ -279,6 +298,29 @@ def _cut(text: str, limit: int | None) -> str:
     return text if limit is None or len(text) <= limit else text[:limit] + " ..."
 
 
+CORPUS_GAMES = 24  # training games a scratch tokenizer's corpus plays (~2 s each to make)
+
+
+def corpus_config(cache: Path) -> dict[str, Any]:
+    """A scratch tokenizer's corpus: games generated once into `cache` (seed 0, seen floor
+    plans only), with the prompt budgets and the 60 labels of configs/alfworld_cpu.yaml."""
+    from reflectrl.envs.alfworld.generator import ensure_games
+
+    games = cache / "alfworld-corpus-games"
+    ensure_games(games, CORPUS_GAMES, 0, valid_seen=0.0, valid_unseen=0.0)
+    return {
+        "env": {"options": {"data_dir": str(games)}, "max_prompt_tokens": 1024},
+        "policy": {"labels": "123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"},
+        "reflection": {"max_model_len": 2048},
+    }
+
+
 register_env(
-    EnvSpec(name="alfworld", options_model=AlfWorldOptions, factory=lambda o: AlfWorldEnv(o))
+    EnvSpec(
+        name="alfworld",
+        options_model=AlfWorldOptions,
+        factory=lambda o: AlfWorldEnv(o),
+        corpus_config=corpus_config,
+        corpus_episodes=48,  # ~2 s an episode in the engine
+    )
 )

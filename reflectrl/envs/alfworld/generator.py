@@ -240,6 +240,47 @@ def generate_games(
     return writer.report
 
 
+def ensure_games(
+    out: Path, n: int, seed: int, *, valid_seen: float = 0.1, valid_unseen: float = 0.1
+) -> Path:
+    """`out`, with `n` games generated there first when it does not exist yet. They are made
+    in a sibling folder and renamed into place, so a reader (another worker starting at the
+    same time) never sees a half-written set."""
+    import shutil
+    import tempfile
+
+    if out.is_dir():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
+    print(f"alfworld: generating {n} verified games into {out} (~2 s each)", flush=True)
+    made = 0
+
+    def every_tenth(line: str) -> None:
+        nonlocal made
+        made += 1
+        if made % 10 == 0 or made == n:
+            print(f"alfworld: {made}/{n} games", flush=True)
+
+    try:
+        generate_games(
+            staging / "games",
+            n,
+            seed,
+            valid_seen=valid_seen,
+            valid_unseen=valid_unseen,
+            progress=every_tenth,
+        )
+        try:
+            (staging / "games").rename(out)
+        except OSError:
+            if not out.is_dir():  # not another process that finished first
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
 class _Writer:
     """Draws, verifies and writes games one slot at a time, with one engine for all of them."""
 
