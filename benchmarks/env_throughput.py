@@ -20,6 +20,8 @@ from reflectrl.config import load_config
 from reflectrl.models.loading import resolve_model
 from reflectrl.reflection.server import VLLMServer
 
+TIME_SPLIT = ("env_worker_s", "reflection_worker_s", "policy_worker_s")
+
 
 def measure(config_path: str, overrides: list[str], workers: int, iterations: int) -> dict:
     import ray
@@ -38,11 +40,16 @@ def measure(config_path: str, overrides: list[str], workers: int, iterations: in
     timed = rows[1:]  # the first iteration includes warm-up
     steps = rows[-1]["env_steps"] - rows[0]["env_steps"]
     seconds = sum(r["iteration_s"] for r in timed)
+    # Where the workers' sampling time went (summed over workers and the timed iterations).
+    spent = {key: sum(r[key] for r in timed) for key in TIME_SPLIT}
+    sampled = sum(spent.values()) or 1.0
     return {
         "workers": workers,
         "env_steps_per_s": steps / seconds,
+        "env_steps_per_s_per_worker": steps / seconds / workers,
         "iteration_s_median": float(np.median([r["iteration_s"] for r in timed])),
         "reflection_calls": rows[-1]["reflection_calls"],
+        **{f"{key.removesuffix('_worker_s')}_share": spent[key] / sampled for key in TIME_SPLIT},
     }
 
 

@@ -26,6 +26,9 @@ class EnvConfig(Strict):
     options: dict[str, Any] = Field(default_factory=dict)  # validated by the env's own model
     envs_per_worker: int = Field(4, ge=1)
     shuffle_options: bool = False  # shuffle menu labels per step (no learning label positions)
+    # Reset an env whose episode ended on a background thread while the worker waits on the
+    # reflection server and the policy (rollout_workers/reset_prefetch.py); same results.
+    prefetch_resets: bool = True
     max_prompt_tokens: int = Field(384, ge=32)  # fixed observation length (right-padded)
 
     @model_validator(mode="after")
@@ -72,6 +75,13 @@ class PolicyConfig(Strict):
     gradient_checkpointing: bool = False
 
 
+# Tokens kept free of the reflection budget: the server may add special tokens and tokenize a
+# clipped text a little differently from us.
+REFLECTION_MARGIN = 8
+# The least room a reflection prompt may have (max_model_len - max_tokens - the margin).
+MIN_REFLECTION_PROMPT_TOKENS = 64
+
+
 class ReflectionConfig(Strict):
     enabled: bool = True  # false: the no-reflection ablation
     server: Literal["local", "url"] = "local"
@@ -113,7 +123,14 @@ class ReflectionConfig(Strict):
     max_retries: int = Field(3, ge=0)
 
     @model_validator(mode="after")
-    def _check_url(self) -> ReflectionConfig:
+    def _check(self) -> ReflectionConfig:
+        room = self.max_model_len - self.max_tokens - REFLECTION_MARGIN
+        if room < MIN_REFLECTION_PROMPT_TOKENS:
+            raise ValueError(
+                f"reflection.max_tokens={self.max_tokens} leaves {room} tokens of "
+                f"reflection.max_model_len={self.max_model_len} for the prompt (at least "
+                f"{MIN_REFLECTION_PROMPT_TOKENS} needed); lower max_tokens or raise max_model_len"
+            )
         if self.enabled and self.server == "url" and not self.url:
             raise ValueError("reflection.server is 'url' but reflection.url is not set")
         if self.server == "local" and self.device == "cuda" and self.num_gpus <= 0:
@@ -358,7 +375,11 @@ def load_config(
         if not file.is_file():
             raise ConfigError(f"config file {file} does not exist; pass an existing YAML file")
         try:
-            loaded = yaml.safe_load(file.read_text())
+            loaded = yaml.safe_load(file.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as err:
+            raise ConfigError(
+                f"{file}: byte {err.start} is not UTF-8 text; save the config as UTF-8 YAML"
+            ) from None
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
             where = f" line {mark.line + 1}" if mark is not None else ""

@@ -19,13 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from reflectrl import prompts
-from reflectrl.config import ReflectRLConfig
+from reflectrl.config import REFLECTION_MARGIN, ReflectRLConfig
 from reflectrl.envs.base import TextEnv, TextObservation
 from reflectrl.models.tokens import count_tokens, fit_tokens, label_token_ids
-
-# Tokens kept free of the reflection budget: the server may add special tokens and tokenize a
-# clipped text a little differently from us.
-REFLECTION_MARGIN = 8
 
 
 @dataclass(frozen=True)

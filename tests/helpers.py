@@ -31,7 +31,8 @@ def check_dataset(config: Any, out: Path, rate_bounds: tuple[float, float]) -> l
     the rows."""
     from reflectrl.data.demos import demonstrator_for
     from reflectrl.models.loading import load_tokenizer, resolve_model
-    from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv, hash_seed
+    from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
+    from reflectrl.seeding import hash_seed
 
     rows = [json.loads(line) for line in (out / "data.jsonl").read_text().splitlines()]
     stats = json.loads((out / "stats.json").read_text())

@@ -562,3 +562,41 @@ def test_sft_data_on_alfworld(data_dir: Path, tmp_path: Path) -> None:
     games = {Path(r["task"]) for r in rows}
     assert games and all(g.is_relative_to(data_dir / "train") for g in games)  # no valid_* game
     assert all(r["taken_action"].startswith("go to ") for r in rows if r["perturbed"])
+
+
+def test_prefetched_resets_over_the_real_engine_change_nothing(
+    data_dir: Path, tokenizer: Any
+) -> None:
+    # The engine is not thread-safe (a game loading beside another env's step fails inside the
+    # planner's translator): the vector env must never step while a reset runs behind.
+    import numpy as np
+
+    from reflectrl.config import load_config
+    from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
+
+    played = []
+    for prefetch in (False, True):
+        config = load_config(
+            REPO / "configs" / "alfworld.yaml",
+            [
+                f"env.options.data_dir={data_dir}",
+                "env.options.max_steps=2",
+                "policy.model=tiny",
+                "reflection.enabled=false",
+                f"env.prefetch_resets={str(prefetch).lower()}",
+            ],
+        )
+        env = ReflectRLVectorEnv(config, tokenizer, None, num_envs=2, worker_index=1)
+        obs, _ = env.reset()
+        rng = np.random.default_rng(0)
+        prompts, pending = [env.last_prompts], 0
+        for _ in range(7):
+            menus = obs["option_mask"].sum(axis=1).astype(int)
+            obs, *_ = env.step(np.array([rng.integers(m) for m in menus]))
+            prompts.append(env.last_prompts)
+            pending += 0 if env._prefetch is None else len(env._prefetch.pending)
+        played.append((prompts, env.pop_stats()["episodes"], pending))
+        env.close()
+    (inline, inline_episodes, _), (prefetched, episodes, pending) = played
+    assert pending >= 4 and len(episodes) >= 4
+    assert prefetched == inline and episodes == inline_episodes

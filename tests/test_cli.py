@@ -86,10 +86,24 @@ def test_help_lists_the_launch_options() -> None:
             ["--config", SMOKE, "--workers", "3", "--set", "ppo.train_batch_size=64"],
             ["ppo.train_batch_size=64", "3 workers", "ppo.rollout_fragment_length=16 = 96"],
         ),
+        (
+            ["--config", SMOKE, "--set", "reflection.max_tokens=100000"],
+            ["reflection.max_tokens=100000", "reflection.max_model_len=512", "lower max_tokens"],
+        ),
+        (["--config", "NOT_UTF8"], ["is not UTF-8 text", "save the config as UTF-8"]),
     ],
 )
-def test_bad_input_before_anything_starts(args: list[str], needles: list[str]) -> None:
+def test_bad_input_before_anything_starts(
+    args: list[str], needles: list[str], tmp_path: Path
+) -> None:
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes("run:\n  seed: 1  # d\u00e9j\u00e0\n".encode("latin-1"))
+    args = [str(latin1) if a == "NOT_UTF8" else a for a in args]
+    output = tmp_path / "run"
+    if "--resume" not in args:
+        args += ["--output", str(output)]
     assert_usage_error(reflectrl("launch", *args), *needles)
+    assert not output.exists()  # a failed start leaves no run directory
 
 
 def test_output_with_an_earlier_run_is_refused_and_kept(tmp_path: Path) -> None:

@@ -69,6 +69,7 @@ def test_overrides_parse_yaml_values() -> None:
         (["env.options.max_stepz=3"], "env.options.max_stepz"),
         (["env.name=nope"], "unknown env 'nope'"),
         (["reflection.server=url"], "reflection.url is not set"),
+        (["reflection.max_tokens=100000"], "reflection.max_tokens=100000 leaves -98984 tokens"),
         (["novalue"], "KEY=VALUE"),
         (["ppo.lr=1", "ppo.lr.x=1"], "not a section"),
     ],
@@ -91,6 +92,10 @@ def test_bad_files(tmp_path: Path) -> None:
     scalar.write_text("3\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(scalar)
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes("run:\n  seed: 1  # d\u00e9j\u00e0\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match="byte 19 is not UTF-8 text"):
+        load_config(latin1)
     typo = tmp_path / "typo.yaml"
     typo.write_text(yaml.safe_dump({"polcy": {"model": "tiny"}}))
     with pytest.raises(ConfigError, match="polcy: unknown key"):

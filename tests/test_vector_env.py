@@ -229,3 +229,45 @@ def test_the_worker_index_seeds_the_streams(tokenizer: Any) -> None:
     assert not np.array_equal(obs1["input_ids"], obs2["input_ids"])
     with pytest.raises(RuntimeError, match="before the first reset"):
         second.set_worker_index(3)
+
+
+def play_with_interruptions(env: Any) -> tuple[list[Any], int]:
+    """60 random steps across a stage switch, listed starts and a restored checkpoint: what
+    came out (arrays as lists, the process RNG left out), and how many resets were pending
+    after a step."""
+    rng = np.random.default_rng(0)
+    obs, _ = env.reset()
+    out: list[Any] = [obs["input_ids"].tolist()]
+    pending = saved = 0
+    for t in range(60):
+        actions = [rng.choice(np.flatnonzero(m)) for m in obs["option_mask"]]
+        obs, reward, terminated, truncated, _ = env.step(np.array(actions))
+        out.append([obs[k].tolist() for k in sorted(obs)])
+        out.append([reward.tolist(), terminated.tolist(), truncated.tolist()])
+        pending += 0 if env._prefetch is None else len(env._prefetch.pending)
+        if t == 20:
+            env.set_stage("dropoff")
+        if t == 30:
+            env.set_starts([[s] for s in env.envs[0].start_ids("full")[:3]])
+        if t == 40:
+            saved = env.random_state()
+        if t == 50:
+            env.set_random_state(saved)
+        if t % 7 == 0:
+            out.append({**env.random_state(), "process": None})
+            out.append(env.pop_stats()["episodes"])
+    return out, pending
+
+
+def test_prefetched_resets_change_nothing_but_when_resets_run(tokenizer: Any) -> None:
+    # Each of the interruptions undoes a prefetched reset; the results must not tell.
+    args = ("env.options={max_steps: 3}", "curriculum.enabled=false")
+    inline, inline_pending = play_with_interruptions(
+        make_env(tokenizer, *args, "env.prefetch_resets=false", reflector=RecordingReflector())
+    )
+    prefetched, pending = play_with_interruptions(
+        make_env(tokenizer, *args, "env.prefetch_resets=true", reflector=RecordingReflector())
+    )
+    assert inline_pending == 0 and pending >= 40  # most steps had a reset running behind
+    assert sum(len(x) for x in inline if isinstance(x, list) and x and isinstance(x[0], dict)) > 20
+    assert prefetched == inline

@@ -38,7 +38,7 @@ from reflectrl.errors import ConfigError, ReflectRLError
 from reflectrl.models.loading import load_tokenizer, resolve_model
 from reflectrl.models.tokens import count_tokens
 from reflectrl.rendering import PromptRenderer
-from reflectrl.rollout_workers.vector_env import hash_seed
+from reflectrl.seeding import hash_seed
 
 DATA_FILE = "data.jsonl"
 STATS_FILE = "stats.json"

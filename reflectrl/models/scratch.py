@@ -59,7 +59,7 @@ def corpus(env_name: str, episodes: int | None = None) -> Iterator[str]:
     from reflectrl.envs.registry import get_env_spec, make_text_env
     from reflectrl.models.loading import default_cache_dir, smollm2_tokenizer
     from reflectrl.rendering import PromptRenderer
-    from reflectrl.rollout_workers.vector_env import hash_seed
+    from reflectrl.seeding import hash_seed
 
     spec = get_env_spec(env_name)
     episodes = spec.corpus_episodes if episodes is None else episodes

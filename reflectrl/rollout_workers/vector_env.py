@@ -16,6 +16,9 @@ episode's last observation is thrown away: `live` = 0 tells the policy not to ru
 Prompts are rendered and fitted to their budgets by `reflectrl.rendering.PromptRenderer` (the
 SFT data writer uses the same one); cut prompts are counted: `truncated_prompts`,
 `clipped_reflection_prompts`.
+
+With `env.prefetch_resets`, that reset starts on a background thread as soon as the ended
+episode's last prompt is rendered (`reset_prefetch.py`), and the step after takes its result.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -36,32 +39,10 @@ from reflectrl.envs.base import TextEnv, TextObservation
 from reflectrl.envs.registry import make_text_env
 from reflectrl.metrics import WORKER_COUNTERS as COUNTERS
 from reflectrl.models.tokens import pad_tokens
-from reflectrl.rendering import PromptRenderer
-
-
-@dataclass
-class EpisodeRecord:
-    """One finished episode, as the coordinator aggregates them across workers."""
-
-    stage: str  # the stage the episode was played in (not the env's stage when it ended)
-    success: bool
-    episode_return: float
-    length: int
-    env_index: int = 0  # which of the worker's envs played it
-    kind: str = ""  # the env's `episode_kind` (ALFWorld: the task type)
-    start: str = ""  # the listed start it played (`set_starts`); "" for a drawn one
-    # Digests of the observations it acted on (`record_observations`; held-out eval only).
-    observed: tuple[str, ...] = ()
-
-
-class Reflector:
-    """What the vector env needs from a reflection source: many prompts in, as many texts out.
-    `seed` (for sampled reflections) is set per rollout worker by the vector env."""
-
-    seed: int | None
-
-    def reflect(self, prompts: list[str]) -> list[str]:  # pragma: no cover - protocol
-        raise NotImplementedError
+from reflectrl.rendering import PolicyPrompt, PromptRenderer
+from reflectrl.rollout_workers.reset_prefetch import ResetPrefetcher
+from reflectrl.rollout_workers.seams import EpisodeRecord, Reflector
+from reflectrl.seeding import hash_seed
 
 
 class ReflectRLVectorEnv(gym.vector.VectorEnv):
@@ -125,6 +106,8 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         self._seconds = {"env_ms": 0.0, "reflection_ms": 0.0, "policy_ms": 0.0}
         self._returned_at: float | None = None  # when the last observation went to RLlib
         self.last_prompts: list[str] = []
+        self._prefetch = ResetPrefetcher() if config.env.prefetch_resets else None
+        self._stage_args: tuple[str, tuple[str, ...], float] | None = None
 
     def _seed_streams(self, worker_index: int) -> None:
         """Every random choice derives from run.seed, the worker and the env index."""
@@ -156,6 +139,10 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
     def set_stage(self, stage: str, review: Sequence[str] = (), review_share: float = 0.0) -> None:
         """Switch all envs; in-flight episodes finish in their stage, new ones use this one
         (or, that share of them, one of the `review` stages: `TextEnv.set_stage`)."""
+        stage_args = (stage, tuple(review), review_share)
+        if stage_args != self._stage_args:
+            self._cancel_prefetched_resets()  # they drew their episodes in the old stage
+        self._stage_args = stage_args
         for env in self.envs:
             env.set_stage(stage, review, review_share)
 
@@ -164,6 +151,7 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         episodes, one each, from the next reset on (every env is reset at the next step)."""
         if len(starts) != self.num_envs:
             raise ValueError(f"starts for {len(starts)} envs given to {self.num_envs}")
+        self._cancel_prefetched_resets()
         self._start_queues = [list(queue) for queue in starts]
         self._needs_reset[:] = True
 
@@ -187,12 +175,20 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         return stats
 
     def random_state(self) -> dict[str, Any]:
-        """Every random stream of this worker's envs (checkpointed; JSON-serialisable)."""
+        """Every random stream of this worker's envs (checkpointed; JSON-serialisable). An env
+        whose next reset was prefetched reports its streams from before that reset: a resume
+        from this state draws the same episode."""
+        envs = [env.random_state() for env in self.envs]
+        seeded = list(self._seeded)
+        if self._prefetch is not None:
+            self._prefetch.settle()
+            for i, pending in self._prefetch.pending.items():
+                envs[i], seeded[i] = pending.streams_before, pending.seeded_before
         return {
             "worker_index": self.worker_index,
-            "envs": [env.random_state() for env in self.envs],
+            "envs": envs,
             "menu_shuffles": [dict(rng.bit_generator.state) for rng in self._rngs],
-            "seeded": list(self._seeded),
+            "seeded": seeded,
             # The worker process's streams: the policy samples its actions from torch's.
             "process": rng_state.capture(),
         }
@@ -205,6 +201,7 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
                 f"random state for {len(state['envs'])} envs given to a worker with "
                 f"{self.num_envs}; resume with the same env.envs_per_worker"
             )
+        self._cancel_prefetched_resets()
         for env, env_state in zip(self.envs, state["envs"], strict=True):
             env.set_random_state(env_state)
         for rng, shuffle_state in zip(self._rngs, state["menu_shuffles"], strict=True):
@@ -222,6 +219,7 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         # RLlib passes its own seed; ours comes from run.seed so runs are reproducible from
         # the config alone, and each env keeps its RNG stream across resets.
         with self._reporting_errors():
+            self._cancel_prefetched_resets()
             return self._reset()
 
     def step(
@@ -241,6 +239,8 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         return stepped
 
     def close_extras(self, **kwargs: Any) -> None:
+        if self._prefetch is not None:
+            self._prefetch.close()
         for env in self.envs:
             env.close()
 
@@ -258,6 +258,8 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
 
     def _reset(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         text_obs = [self._reset_env(i) for i in range(self.num_envs)]
+        for i in range(self.num_envs):
+            self._begin_tally(i)
         self._needs_reset[:] = False
         every = [True] * self.num_envs
         return self._observe(text_obs, every, every), {}
@@ -270,9 +272,13 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         terminated = np.zeros(self.num_envs, dtype=bool)
         truncated = np.zeros(self.num_envs, dtype=bool)
         successes = np.zeros(self.num_envs, dtype=bool)
+        if self._prefetch is not None:
+            self._prefetch.settle()
         for i, env in enumerate(self.envs):
             if self._needs_reset[i]:
-                text_obs.append(self._reset_env(i))
+                prefetched = None if self._prefetch is None else self._prefetch.take(i)
+                text_obs.append(self._reset_env(i) if prefetched is None else prefetched)
+                self._begin_tally(i)
                 self._needs_reset[i] = False
                 continue
             label = int(actions[i])
@@ -291,20 +297,49 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         # An episode's last observation is not live: its action is ignored (the next step
         # resets). A terminated one needs no reflection either (its value is never used); a
         # truncated one gets one, since GAE bootstraps from its value.
-        observation = self._observe(text_obs, list(~terminated), list(~(terminated | truncated)))
+        ended = list(terminated | truncated)
+        observation = self._observe(text_obs, list(~terminated), [not e for e in ended], ended)
         return observation, rewards, terminated, truncated, {"success": successes}
 
     def _reset_env(self, i: int) -> TextObservation:
+        obs, _ = self.envs[i].reset(**self._next_reset_args(i))
+        return obs
+
+    def _next_reset_args(self, i: int) -> dict[str, Any]:
+        """The seed (first reset only) and listed start of env i's next episode."""
         seed = None if self._seeded[i] else self._reset_seeds[i]
         self._seeded[i] = True
         queue = self._start_queues[i]
         self._starts[i] = queue.pop(0) if queue else ""
-        options = {"start": self._starts[i]} if self._starts[i] else None
-        obs, _ = self.envs[i].reset(seed=seed, options=options)
+        return {"seed": seed, "options": {"start": self._starts[i]} if self._starts[i] else None}
+
+    def _begin_tally(self, i: int) -> None:
         self._returns[i] = 0.0
         self._lengths[i] = 0
         self._observed[i] = []
-        return obs
+
+    def _start_prefetch(self, indices: list[int]) -> None:
+        """Start the next reset of these envs (their episodes ended; their prompts are done)."""
+        if self._prefetch is None:
+            return
+        for i in indices:
+            seeded_before = self._seeded[i]
+            args = self._next_reset_args(i)
+            start = self._starts[i]
+            self._prefetch.start(i, self.envs[i], seeded_before=seeded_before, start=start, **args)
+
+    def _cancel_prefetched_resets(self) -> None:
+        """Undo every prefetched reset: the next step resets those envs in line, from the same
+        streams and listed starts, after whatever changed how their episodes are drawn."""
+        if self._prefetch is None:
+            return
+        self._prefetch.settle()
+        for i in list(self._prefetch.pending):
+            pending = self._prefetch.cancel(i, self.envs[i])
+            assert pending is not None
+            self._seeded[i] = pending.seeded_before
+            if pending.start:
+                self._start_queues[i].insert(0, pending.start)
 
     def _record_episode(self, i: int, success: bool) -> None:
         self.finished.append(
@@ -321,7 +356,11 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         )
 
     def _observe(
-        self, text_obs: list[TextObservation], reflect: list[bool], live: list[bool]
+        self,
+        text_obs: list[TextObservation],
+        reflect: list[bool],
+        live: list[bool],
+        ended: list[bool] | None = None,
     ) -> dict[str, Any]:
         for i, obs in enumerate(text_obs):
             if self.record_observations and live[i]:
@@ -331,24 +370,37 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
             if self.config.env.shuffle_options:
                 order = [int(j) for j in self._rngs[i].permutation(n)]
             self._orders[i] = order
+        ended = ended or [False] * self.num_envs
         # None: the no-reflection layout (ablation); "" where a reflection is not needed.
         reflections: list[str | None] = [None if self.reflector is None else ""] * self.num_envs
         levels = [0] * self.num_envs
-        if self.reflector is not None:
-            wanted = [i for i, on in enumerate(reflect) if on]
-            rendered = [self.renderer.reflection_prompt(self.envs[i], text_obs[i]) for i in wanted]
-            if wanted:
-                hits_before = getattr(self.reflector, "cache_hits", 0)
-                asked = time.perf_counter()
-                texts = self.reflector.reflect([r.text for r in rendered])
-                self._seconds["reflection_ms"] += time.perf_counter() - asked
-                self.counters["reflection_calls"] += len(wanted)
-                self.counters["reflection_cache_hits"] += (
-                    getattr(self.reflector, "cache_hits", 0) - hits_before
+        wanted = [i for i, on in enumerate(reflect) if on] if self.reflector is not None else []
+        rendered = {i: self.renderer.reflection_prompt(self.envs[i], text_obs[i]) for i in wanted}
+        prompts: dict[int, PolicyPrompt] = {}
+        render = self.renderer.policy_prompt
+        for i in range(self.num_envs):
+            if i not in rendered:
+                prompts[i] = render(self.envs[i], text_obs[i], reflections[i], self._orders[i])
+        # Envs that ended without needing a reflection are done with: their next resets run
+        # while the server answers.
+        self._start_prefetch([i for i in range(self.num_envs) if ended[i] and i not in rendered])
+        if rendered:
+            hits_before = getattr(self.reflector, "cache_hits", 0)
+            asked = time.perf_counter()
+            texts = self.reflector.reflect([rendered[i].text for i in wanted])
+            self._seconds["reflection_ms"] += time.perf_counter() - asked
+            self.counters["reflection_calls"] += len(wanted)
+            self.counters["reflection_cache_hits"] += (
+                getattr(self.reflector, "cache_hits", 0) - hits_before
+            )
+            for i, text in zip(wanted, texts, strict=True):
+                prompt = rendered[i]
+                text_obs[i], levels[i], reflections[i] = prompt.observation, prompt.level, text
+                self.counters["clipped_reflection_prompts"] += int(prompt.clipped)
+                prompts[i] = render(
+                    self.envs[i], text_obs[i], reflections[i], self._orders[i], levels[i]
                 )
-                for i, prompt, text in zip(wanted, rendered, texts, strict=True):
-                    text_obs[i], levels[i], reflections[i] = prompt.observation, prompt.level, text
-                    self.counters["clipped_reflection_prompts"] += int(prompt.clipped)
+        self._start_prefetch([i for i in wanted if ended[i]])  # truncated: reflected on
         length = self.config.env.max_prompt_tokens
         batch = {
             "input_ids": np.zeros((self.num_envs, length), dtype=np.int64),
@@ -358,9 +410,7 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         }
         self.last_prompts = []
         for i in range(self.num_envs):
-            prompt = self.renderer.policy_prompt(
-                self.envs[i], text_obs[i], reflections[i], self._orders[i], levels[i]
-            )
+            prompt = prompts[i]
             self.counters["truncated_prompts"] += int(prompt.truncated)
             batch["input_ids"][i], batch["attention_mask"][i] = pad_tokens(
                 self.tokenizer, prompt.ids, length
@@ -368,8 +418,3 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
             batch["option_mask"][i, : len(text_obs[i].actions)] = 1.0
             self.last_prompts.append(prompt.text)
         return batch
-
-
-def hash_seed(*parts: int) -> int:
-    """A stable 31-bit seed from integers (Python's hash() of ints is not mixed enough)."""
-    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0] & 0x7FFFFFFF)

@@ -1,0 +1,92 @@
+"""ALFWorld env steps/s of the whole RL loop (sample + reflect + PPO update) per rollout worker:
+envs per worker, and resets in line against resets prefetched on a background thread
+(`env.prefetch_resets`).
+
+Every variant runs in this one process against the same vLLM reflection server (started once),
+so the ratios compare like with like on a noisy machine. The models are configs/alfworld_cpu.yaml's
+untrained scratch models: speed does not depend on what they learned, only on episode lengths,
+and untrained players run long episodes (most reach env.options.max_steps), as early RL does.
+
+    python -m benchmarks.alfworld_throughput [--iterations 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+from benchmarks.common import print_table, write_results
+from benchmarks.env_throughput import measure
+from reflectrl.config import load_config
+from reflectrl.envs.alfworld.generator import ensure_games
+from reflectrl.models.loading import resolve_model
+from reflectrl.reflection.server import VLLMServer
+
+CONFIG = "configs/alfworld_cpu.yaml"
+# (name, workers, envs per worker, prefetch): 2 workers is what 2 cores allow beside the server.
+VARIANTS = [
+    ("2x4 inline", 2, 4, False),
+    ("2x4 prefetch", 2, 4, True),
+    ("2x8 inline", 2, 8, False),
+    ("2x8 prefetch", 2, 8, True),
+    ("1x8 prefetch", 1, 8, True),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--iterations", type=int, default=3, help="per variant; 1 is warm-up")
+    parser.add_argument("--fragment", type=int, default=8, help="ppo.rollout_fragment_length")
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    config = load_config(CONFIG)
+    options = config.env.options
+    ensure_games(Path(options["data_dir"]), options["generate_games"], options["generate_seed"])
+    log = Path(tempfile.mkdtemp()) / "vllm.log"
+    with VLLMServer(
+        resolve_model(config.reflection.model),
+        log,
+        served_model_name=config.reflection.request_model,
+        max_model_len=config.reflection.max_model_len,
+    ) as server:
+        rows = []
+        for name, workers, envs, prefetch in VARIANTS:
+            overrides = [
+                "reflection.server=url",
+                f"reflection.url={server.url}",
+                "eval.enabled=false",
+                f"env.envs_per_worker={envs}",
+                f"env.prefetch_resets={str(prefetch).lower()}",
+                f"ppo.rollout_fragment_length={args.fragment}",
+                f"ppo.minibatch_size={workers * envs * args.fragment}",
+            ]
+            row = measure(CONFIG, overrides, workers, args.iterations)
+            rows.append({"variant": name, "envs_per_worker": envs, "prefetch": prefetch, **row})
+            print_table(rows[-1:], ["variant", "env_steps_per_s_per_worker"])
+    by_name = {row["variant"]: row["env_steps_per_s_per_worker"] for row in rows}
+    for row in rows:
+        inline = by_name.get(row["variant"].replace("prefetch", "inline"))
+        row["vs_inline"] = row["env_steps_per_s_per_worker"] / inline if inline else None
+    print_table(
+        rows,
+        [
+            "variant",
+            "env_steps_per_s",
+            "env_steps_per_s_per_worker",
+            "vs_inline",
+            "iteration_s_median",
+            "env_share",
+            "reflection_share",
+            "policy_share",
+        ],
+    )
+    payload = {"config": CONFIG, "iterations": args.iterations, "fragment": args.fragment}
+    path = write_results("alfworld_throughput", {**payload, "results": rows})
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
