@@ -3,11 +3,12 @@ envs per worker, and resets in line against resets prefetched on a background th
 (`env.prefetch_resets`).
 
 Every variant runs in this one process against the same vLLM reflection server (started once),
-so the ratios compare like with like on a noisy machine. The models are configs/alfworld_cpu.yaml's
-untrained scratch models: speed does not depend on what they learned, only on episode lengths,
-and untrained players run long episodes (most reach env.options.max_steps), as early RL does.
+so the ratios compare like with like on a noisy machine. The players are a finished run's SFT
+models (`--run`: the length of reflections and episodes is theirs), or else
+configs/alfworld_cpu.yaml's untrained scratch models (reflections always run to
+reflection.max_tokens, episodes to env.options.max_steps).
 
-    python -m benchmarks.alfworld_throughput [--iterations 3]
+    python -m benchmarks.alfworld_throughput [--run RUN] [--iterations 3]
 """
 
 from __future__ import annotations
@@ -39,10 +40,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--iterations", type=int, default=3, help="per variant; 1 is warm-up")
     parser.add_argument("--fragment", type=int, default=8, help="ppo.rollout_fragment_length")
+    parser.add_argument("--run", type=Path, help="a run whose SFT players (full SFT) to use")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    config = load_config(CONFIG)
+    players = []
+    if args.run is not None:
+        players = [
+            f"policy.model={args.run / 'sft' / 'policy'}",
+            f"reflection.model={args.run / 'sft' / 'reflection'}",
+        ]
+    config = load_config(CONFIG, players)
     options = config.env.options
     ensure_games(Path(options["data_dir"]), options["generate_games"], options["generate_seed"])
     log = Path(tempfile.mkdtemp()) / "vllm.log"
@@ -55,6 +63,7 @@ def main() -> None:
         rows = []
         for name, workers, envs, prefetch in VARIANTS:
             overrides = [
+                *players,
                 "reflection.server=url",
                 f"reflection.url={server.url}",
                 "eval.enabled=false",
@@ -83,7 +92,12 @@ def main() -> None:
             "policy_share",
         ],
     )
-    payload = {"config": CONFIG, "iterations": args.iterations, "fragment": args.fragment}
+    payload = {
+        "config": CONFIG,
+        "players": str(args.run) if args.run else "untrained scratch:alfworld",
+        "iterations": args.iterations,
+        "fragment": args.fragment,
+    }
     path = write_results("alfworld_throughput", {**payload, "results": rows})
     print(f"wrote {path}")
 
