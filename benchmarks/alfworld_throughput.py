@@ -9,6 +9,10 @@ configs/alfworld_cpu.yaml's untrained scratch models (reflections always run to
 reflection.max_tokens, episodes to env.options.max_steps).
 
     python -m benchmarks.alfworld_throughput [--run RUN] [--iterations 3]
+        [--variants "1x8 inline,1x8 prefetch"] [--repeat 2] [--name alfworld_throughput]
+
+With --repeat, the variants run in turn that many times (inline, prefetch, inline, ...), and
+each row is one of those runs: drift over time falls on both alike.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ VARIANTS = [
     ("2x4 prefetch", 2, 4, True),
     ("2x8 inline", 2, 8, False),
     ("2x8 prefetch", 2, 8, True),
+    ("1x8 inline", 1, 8, False),
     ("1x8 prefetch", 1, 8, True),
 ]
 
@@ -41,6 +46,9 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=3, help="per variant; 1 is warm-up")
     parser.add_argument("--fragment", type=int, default=8, help="ppo.rollout_fragment_length")
     parser.add_argument("--run", type=Path, help="a run whose SFT players (full SFT) to use")
+    parser.add_argument("--variants", help="comma-separated names (default: all)")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds over the variants")
+    parser.add_argument("--name", default="alfworld_throughput", help="results file name")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -60,8 +68,12 @@ def main() -> None:
         served_model_name=config.reflection.request_model,
         max_model_len=config.reflection.max_model_len,
     ) as server:
+        chosen = args.variants.split(",") if args.variants else [v[0] for v in VARIANTS]
+        variants = [v for v in VARIANTS if v[0] in chosen]
+        if len(variants) != len(chosen):
+            parser.error(f"--variants: choose from {', '.join(v[0] for v in VARIANTS)}")
         rows = []
-        for name, workers, envs, prefetch in VARIANTS:
+        for name, workers, envs, prefetch in variants * args.repeat:
             overrides = [
                 *players,
                 "reflection.server=url",
@@ -75,10 +87,14 @@ def main() -> None:
             row = measure(CONFIG, overrides, workers, args.iterations)
             rows.append({"variant": name, "envs_per_worker": envs, "prefetch": prefetch, **row})
             print_table(rows[-1:], ["variant", "env_steps_per_s_per_worker"])
-    by_name = {row["variant"]: row["env_steps_per_s_per_worker"] for row in rows}
-    for row in rows:
-        inline = by_name.get(row["variant"].replace("prefetch", "inline"))
-        row["vs_inline"] = row["env_steps_per_s_per_worker"] / inline if inline else None
+    # Each prefetch row against the inline row of its round.
+    for i, row in enumerate(rows):
+        round_rows = rows[i - i % len(variants) : i - i % len(variants) + len(variants)]
+        inline = [
+            r for r in round_rows if r["variant"] == row["variant"].replace("prefetch", "inline")
+        ]
+        speed = row["env_steps_per_s_per_worker"]
+        row["vs_inline"] = speed / inline[0]["env_steps_per_s_per_worker"] if inline else None
     print_table(
         rows,
         [
@@ -97,8 +113,9 @@ def main() -> None:
         "players": str(args.run) if args.run else "untrained scratch:alfworld",
         "iterations": args.iterations,
         "fragment": args.fragment,
+        "repeat": args.repeat,
     }
-    path = write_results("alfworld_throughput", {**payload, "results": rows})
+    path = write_results(args.name, {**payload, "results": rows})
     print(f"wrote {path}")
 
 
