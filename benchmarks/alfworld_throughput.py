@@ -19,15 +19,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 from pathlib import Path
 
 from benchmarks.common import print_table, write_results
-from benchmarks.env_throughput import measure
+from benchmarks.env_throughput import measure, reflection_server
 from reflectrl.config import load_config
 from reflectrl.envs.alfworld.generator import ensure_games
-from reflectrl.models.loading import resolve_model
-from reflectrl.reflection.server import VLLMServer
 
 CONFIG = "configs/alfworld_cpu.yaml"
 # (name, workers, envs per worker, prefetch): 2 workers is what 2 cores allow beside the server.
@@ -61,17 +58,11 @@ def main() -> None:
     config = load_config(CONFIG, players)
     options = config.env.options
     ensure_games(Path(options["data_dir"]), options["generate_games"], options["generate_seed"])
-    log = Path(tempfile.mkdtemp()) / "vllm.log"
-    with VLLMServer(
-        resolve_model(config.reflection.model),
-        log,
-        served_model_name=config.reflection.request_model,
-        max_model_len=config.reflection.max_model_len,
-    ) as server:
-        chosen = args.variants.split(",") if args.variants else [v[0] for v in VARIANTS]
-        variants = [v for v in VARIANTS if v[0] in chosen]
-        if len(variants) != len(chosen):
-            parser.error(f"--variants: choose from {', '.join(v[0] for v in VARIANTS)}")
+    chosen = args.variants.split(",") if args.variants else [v[0] for v in VARIANTS]
+    variants = [v for v in VARIANTS if v[0] in chosen]
+    if len(variants) != len(chosen):
+        parser.error(f"--variants: choose from {', '.join(v[0] for v in VARIANTS)}")
+    with reflection_server(config) as server:
         rows = []
         for name, workers, envs, prefetch in variants * args.repeat:
             overrides = [

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import print_table, write_results
-from reflectrl.config import load_config
+from reflectrl.config import ReflectRLConfig, load_config
 from reflectrl.models.loading import resolve_model
 from reflectrl.reflection.server import VLLMServer
 
@@ -53,6 +53,17 @@ def measure(config_path: str, overrides: list[str], workers: int, iterations: in
     }
 
 
+def reflection_server(config: ReflectRLConfig) -> VLLMServer:
+    """The config's reflection model served by vLLM (use as a context manager), shared by every
+    variant of a benchmark so they compare against the same server."""
+    return VLLMServer(
+        resolve_model(config.reflection.model),
+        Path(tempfile.mkdtemp()) / "vllm.log",
+        served_model_name=config.reflection.request_model,
+        max_model_len=config.reflection.max_model_len,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", default="configs/smoke.yaml")
@@ -60,14 +71,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    config = load_config(args.config)
-    log = Path(tempfile.mkdtemp()) / "vllm.log"
-    with VLLMServer(
-        resolve_model(config.reflection.model),
-        log,
-        served_model_name=config.reflection.request_model,
-        max_model_len=config.reflection.max_model_len,
-    ) as server:
+    with reflection_server(load_config(args.config)) as server:
         overrides = ["reflection.server=url", f"reflection.url={server.url}"]
         rows = [measure(args.config, overrides, w, args.iterations) for w in (1, 2)]
     rows[1]["speedup_vs_1"] = rows[1]["env_steps_per_s"] / rows[0]["env_steps_per_s"]
