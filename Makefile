@@ -69,6 +69,7 @@ test: install
 lint: install
 	$(BIN)/ruff check reflectrl tests benchmarks
 	$(BIN)/ruff format --check reflectrl tests benchmarks
+	$(BIN)/lint-imports
 
 bench: install
 	$(BIN)/python -m benchmarks.env_throughput

@@ -17,7 +17,7 @@ import numpy as np
 
 from benchmarks.common import print_table, write_results
 from reflectrl.config import ReflectRLConfig, load_config
-from reflectrl.models.loading import resolve_model
+from reflectrl.data.model_dirs import resolve_model
 from reflectrl.reflection.server import VLLMServer
 
 TIME_SPLIT = ("env_worker_s", "reflection_worker_s", "policy_worker_s")

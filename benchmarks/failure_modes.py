@@ -51,11 +51,12 @@ def load_players(run: Path, after_rl: bool) -> Players:
 
     from reflectrl.checkpoints import latest_checkpoint
     from reflectrl.config import load_config
+    from reflectrl.data.model_dirs import resolve_model
     from reflectrl.envs.taxi import ACTIONS
-    from reflectrl.models.loading import load_tokenizer, resolve_model
+    from reflectrl.models.loading import load_tokenizer
     from reflectrl.models.policy import OptionPolicy
-    from reflectrl.pipeline import rl_config
     from reflectrl.rendering import PromptRenderer
+    from reflectrl.run_dir import rl_config
 
     config = rl_config(load_config(run / "config.yaml", []), run)
     model_dir = resolve_model(config.policy.model)

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import print_table, write_results
+from benchmarks.common import build_trunk, print_table, write_results
 
 REPO = Path(__file__).resolve().parents[1]
 TRUNKS = ("recipe", "gpt2", "llama_4x256")
@@ -55,40 +55,18 @@ def pickup_rows(tokenizer: Any, split: str, overrides: list[str]) -> tuple[Any, 
     return x[:, : int(last.max()) + 1], last, torch.tensor(actions)
 
 
-def build_trunk(name: str, model_dir: Path, vocab: int) -> Any:
-    import torch
-    from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
-
-    from reflectrl.models.loading import load_causal_lm
-
-    if name == "recipe":
-        return load_causal_lm(model_dir)
-    if name == "gpt2":
-        config: Any = GPT2Config(
-            vocab_size=vocab, n_embd=128, n_layer=2, n_head=2, n_inner=256, n_positions=512,
-            resid_pdrop=0, embd_pdrop=0, attn_pdrop=0, bos_token_id=None, eos_token_id=None,
-        )  # fmt: skip
-    else:
-        config = LlamaConfig(
-            vocab_size=vocab, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-            num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True,
-        )  # fmt: skip
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        return AutoModelForCausalLM.from_config(config)
-
-
 def learning_curve(name: str, steps: int, every: int, overrides: list[str]) -> dict[str, Any]:
     import torch
 
-    from reflectrl.models.loading import load_tokenizer, resolve_model
+    from reflectrl.data.model_dirs import resolve_model
+    from reflectrl.models.loading import load_tokenizer
 
     model_dir = resolve_model("scratch:dangerous_taxi")
     tokenizer = load_tokenizer(model_dir)
     x_train, last_train, y_train = pickup_rows(tokenizer, "train", overrides)
     x_test, last_test, y_test = pickup_rows(tokenizer, "test", overrides)
     pad = tokenizer.pad_token_id
-    trunk = build_trunk(name, model_dir, len(tokenizer))
+    trunk = build_trunk(name, model_dir, len(tokenizer), positions=512)
     torch.manual_seed(0)
     head = torch.nn.Linear(trunk.config.hidden_size, 6)  # GPT2Config maps it to n_embd
     optimizer = torch.optim.Adam([*trunk.parameters(), *head.parameters()], lr=1e-3)

@@ -28,8 +28,9 @@ def measure(model: str, probe_steps: int) -> dict[str, Any]:
     import torch
 
     from reflectrl.config import load_config
+    from reflectrl.data.model_dirs import resolve_model
     from reflectrl.envs.taxi import ACTIONS, expert_action
-    from reflectrl.models.loading import load_tokenizer, resolve_model
+    from reflectrl.models.loading import load_tokenizer
     from reflectrl.models.policy import OptionPolicy
     from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
 

@@ -49,9 +49,11 @@ def main() -> None:
         from reflectrl.evaluation.episodes import evaluate
     except ImportError:  # commits before the evaluation package
         from reflectrl.evaluate import evaluate  # type: ignore[no-redef]
+    from reflectrl.data.model_dirs import resolve_model
     from reflectrl.launch import Run
-    from reflectrl.models.loading import load_tokenizer, resolve_model
+    from reflectrl.models.loading import load_tokenizer
     from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
+    from tests.support.policy_copy import policy_copy
 
     config = load_config(REPO / "configs" / "smoke.yaml", [*OVERRIDES, f"run.seed={args.seed}"])
     held_out = load_config(
@@ -78,7 +80,7 @@ def main() -> None:
         run = Run(config, Path(tmp) / "run", workers=2)
         try:
             run.start()
-            policy = run.policy_copy()
+            policy = policy_copy(run)
             before = held_out_success(policy)
             curve = []
             for _ in range(args.iterations):

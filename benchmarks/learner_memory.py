@@ -21,7 +21,8 @@ def one_update(model: str, batch: int, tokens: int, checkpointing: bool) -> dict
     import torch
 
     from reflectrl import prompts
-    from reflectrl.models.loading import load_tokenizer, resolve_model
+    from reflectrl.data.model_dirs import resolve_model
+    from reflectrl.models.loading import load_tokenizer
     from reflectrl.models.policy import OptionPolicy
     from reflectrl.models.tokens import label_token_ids
 

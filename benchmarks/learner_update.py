@@ -58,10 +58,10 @@ def default_config(overrides: list[str]) -> Any:
 
 def record(path: Path, overrides: list[str]) -> None:
     """Sample one iteration of the default config, with reflections, and store its episodes."""
-    from reflectrl.in_process import build_in_process
-    from reflectrl.models.loading import resolve_model
+    from reflectrl.data.model_dirs import resolve_model
     from reflectrl.reflection.endpoint import ReflectionEndpoint
     from reflectrl.reflection.server import VLLMServer
+    from tests.support.in_process import build_in_process
 
     config = default_config(overrides)
     r = config.reflection
@@ -97,15 +97,16 @@ def run_variant(name: str, path: Path, overrides: list[str]) -> dict[str, Any]:
     from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
     from ray.rllib.core import DEFAULT_MODULE_ID
 
-    from reflectrl.in_process import build_learner, in_process_ppo_config, ppo_update
-    from reflectrl.models.loading import load_tokenizer, resolve_model
+    from reflectrl.data.model_dirs import resolve_model
+    from reflectrl.models.loading import load_tokenizer
     from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
+    from tests.support.in_process import build_learner, in_process_ppo_config, ppo_update
 
     config = default_config(overrides)
     episodes = load_episodes(path)
     learner_class = PPOTorchLearner if name == "reference" else None
     ppo_config = in_process_ppo_config(
-        config, learner_class=learner_class, model_overrides=VARIANTS[name]
+        config, learner_class=learner_class, policy_overrides=VARIANTS[name]
     )
     env = ReflectRLVectorEnv(config, load_tokenizer(resolve_model(config.policy.model)), None, 1)
     learner = build_learner(ppo_config, env)

@@ -59,7 +59,7 @@ def measure(run: Path, split: str, max_tokens: int) -> list[dict[str, Any]]:
             obs, _ = env.reset(options={"start": start})
             all_right = True
             for _ in range(options.max_steps):
-                ids = tokenizer(prompts.reflection_prompt(obs), return_tensors="pt").input_ids
+                ids = tokenizer(prompts.reflection_parts(obs).text, return_tensors="pt").input_ids
                 with torch.no_grad():
                     out = model.generate(
                         ids, max_new_tokens=max_tokens, do_sample=False,

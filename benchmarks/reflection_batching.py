@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from reflectrl.models.loading import resolve_model
+from reflectrl.data.model_dirs import resolve_model
 from reflectrl.reflection.client import ReflectionClient
 from reflectrl.reflection.server import VLLMServer
 

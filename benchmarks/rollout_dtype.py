@@ -37,7 +37,8 @@ def policy_rows(model: str, rows: int, seed: int = 0) -> tuple[Any, list[int], d
     """(model dir, label token ids, {input_ids, attention_mask, option_mask} of `rows` rows)."""
     from reflectrl import prompts
     from reflectrl.config import load_config
-    from reflectrl.models.loading import load_tokenizer, resolve_model
+    from reflectrl.data.model_dirs import resolve_model
+    from reflectrl.models.loading import load_tokenizer
     from reflectrl.models.tokens import label_token_ids
     from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
 

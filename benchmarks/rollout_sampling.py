@@ -30,11 +30,12 @@ def sample(overrides: list[str], options: dict[str, Any], steps: int) -> dict[st
     import torch
 
     from reflectrl.config import load_config
-    from reflectrl.in_process import build_in_process
+    from tests.support.in_process import build_in_process
 
     config = load_config(None, ["reflection.enabled=false", *overrides])
-    local = build_in_process(config, model_overrides=options)
+    local = build_in_process(config, policy_overrides={"trim_padding": options["trim_padding"]})
     module = local.runner.module  # the EnvRunner's own copy of the policy
+    module.live_rows_only = options["live_rows_only"]
     forwarded = {"lm_rows": 0, "lm_tokens": 0}
 
     def count(_module: Any, _args: Any, kwargs: dict[str, Any], _out: Any) -> None:

@@ -15,8 +15,10 @@ import torch
 
 from benchmarks.common import print_table, write_results
 from reflectrl import prompts
-from reflectrl.learner.rl_module import ReflectRLModule, state_nbytes
-from reflectrl.models.loading import load_tokenizer, resolve_model
+from reflectrl.config import load_config
+from reflectrl.data.model_dirs import resolve_model
+from reflectrl.learner.rl_module import ReflectRLModule, module_config, state_nbytes
+from reflectrl.models.loading import load_tokenizer
 from reflectrl.models.tokens import label_token_ids
 
 
@@ -37,15 +39,11 @@ def build(spec: str) -> ReflectRLModule:
         module_class=ReflectRLModule,
         observation_space=obs_space,
         action_space=gym.spaces.Discrete(6),
-        model_config={
-            "model_dir": str(model_dir),
-            "label_token_ids": label_token_ids(tokenizer, "123456", prompts.ACTION_MARKER),
-            "lora_r": 8,
-            "lora_alpha": 16,
-            "lora_target_modules": ["q_proj", "v_proj"],
-            "seed": 0,
-            "micro_batch_size": 8,
-        },
+        model_config=module_config(
+            load_config(None, []),
+            model_dir,
+            label_token_ids(tokenizer, "123456", prompts.ACTION_MARKER),
+        ),
     ).build()
 
 

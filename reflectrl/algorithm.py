@@ -9,7 +9,6 @@ sampled it. At `max_staleness=0` it is RLlib's own `training_step`, untouched.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import ray
@@ -33,8 +32,7 @@ from ray.tune.registry import register_env
 from reflectrl.config import ReflectRLConfig
 from reflectrl.coordinator import CoordinatorCallback
 from reflectrl.learner.ppo_learner import ReflectRLPPOLearner
-from reflectrl.learner.rl_module import WEIGHTS_VERSION, ReflectRLModule
-from reflectrl.node_files import pack_dir
+from reflectrl.learner.rl_module import WEIGHTS_VERSION, ReflectRLModule, module_config
 from reflectrl.preflight import PolicySpec
 from reflectrl.reflection.endpoint import ReflectionEndpoint
 from reflectrl.rollout_workers.runner_env import env_config_for, make_vector_env
@@ -172,8 +170,7 @@ def build_ppo_config(
     error_sink: str | None = None,
     progress_board: str | None = None,
 ) -> ReflectRLPPOConfig:
-    ppo, policy, run = config.ppo, config.policy, config.run
-    lora = policy.lora
+    ppo, run = config.ppo, config.run
     train_batch = ppo.batch_size(workers, config.env.envs_per_worker)
     per_learner = train_batch // max(1, run.num_learners)  # check_run: it divides
     # RLlib takes a registered name; the name lives in Ray's KV store, so workers find it.
@@ -224,25 +221,7 @@ def build_ppo_config(
         .rl_module(
             rl_module_spec=RLModuleSpec(
                 module_class=ReflectRLModule,
-                model_config={
-                    "model_dir": str(spec.model_dir),
-                    "label_token_ids": spec.label_token_ids,
-                    "lora_r": lora.r,
-                    "lora_alpha": lora.alpha,
-                    "lora_target_modules": list(lora.target_modules),
-                    "seed": config.run.seed,
-                    "micro_batch_size": policy.micro_batch_size,
-                    "trim_padding": policy.trim_padding,
-                    "share_prefix": policy.share_prefix,
-                    "values_from_rollouts": policy.values_from_rollouts,
-                    "gradient_checkpointing": policy.gradient_checkpointing,
-                    "init_adapter": policy.init_adapter,
-                    # Its files travel with the module: learners and workers on other nodes.
-                    "init_adapter_files": pack_dir(Path(policy.init_adapter))
-                    if policy.init_adapter
-                    else None,
-                    "rollout_dtype": policy.dtype,
-                },
+                model_config=module_config(config, spec.model_dir, spec.label_token_ids),
             )
         )
         .callbacks(CoordinatorCallback)

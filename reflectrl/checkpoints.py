@@ -10,21 +10,23 @@ run totals, every worker's env random streams).
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from reflectrl.atomic_files import atomic_dir, write_json, write_text
 from reflectrl.errors import CheckpointError, ConfigError
+from reflectrl.run_dir import CHECKPOINTS_DIR
 
 STATE_FILE = "reflectrl_state.json"
+LATEST = "latest"  # names the newest whole checkpoint
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    pointer = run_dir / "checkpoints" / "latest"
+    pointer = run_dir / CHECKPOINTS_DIR / LATEST
     if not pointer.is_file():
         return None
-    path = run_dir / "checkpoints" / pointer.read_text().strip()
+    path = run_dir / CHECKPOINTS_DIR / pointer.read_text().strip()
     if not (path / STATE_FILE).is_file():
         raise ConfigError(f"checkpoint {path} is incomplete; point checkpoints/latest at another")
     return path
@@ -41,25 +43,18 @@ def write_checkpoint(
 
     A write that fails (disk full, a read-only or vanished run dir) raises CheckpointError in
     one line; the half-written folder is removed and `latest` still names the previous one."""
-    root = run_dir / "checkpoints"
+    root = run_dir / CHECKPOINTS_DIR
     name = f"iter_{iteration:06d}"
-    final, tmp = root / name, root / f".{name}.tmp"
+    final = root / name
     try:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        # RLlib reads a relative path as a URI without a scheme and fails: always absolute.
-        algo.save_to_path(str((tmp / "rllib").resolve()))
-        save_adapter(tmp / "adapter")
-        (tmp / STATE_FILE).write_text(json.dumps(state, indent=2))
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-        pointer_tmp = root / ".latest.tmp"
-        pointer_tmp.write_text(name)
-        pointer_tmp.replace(root / "latest")
+        with atomic_dir(final) as tmp:
+            # RLlib reads a relative path as a URI without a scheme and fails: always absolute.
+            algo.save_to_path(str((tmp / "rllib").resolve()))
+            save_adapter(tmp / "adapter")
+            write_json(tmp / STATE_FILE, state)
+        write_text(root / LATEST, name)
     except OSError as err:
-        shutil.rmtree(tmp, ignore_errors=True)
-        previous = (root / "latest").read_text().strip() if (root / "latest").is_file() else None
+        previous = (root / LATEST).read_text().strip() if (root / LATEST).is_file() else None
         kept = f"{previous} stays the latest" if previous else "no earlier checkpoint exists"
         raise CheckpointError(
             f"cannot write checkpoint {name} in {root}: {err.strerror or err} "

@@ -14,6 +14,7 @@ import os
 import sys
 from typing import Any
 
+from reflectrl.config import add_config_arguments
 from reflectrl.errors import ReflectRLError
 
 EXIT_USAGE = 2
@@ -27,23 +28,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "reflectrl.envs.auto_explore.commands",
     "reflectrl.envs.alfworld.commands",
 )
-
-
-def add_config_arguments(
-    parser: argparse.ArgumentParser,
-    example: str,
-    config_help: str = "YAML config (default: the built-in defaults)",
-) -> None:
-    """`--config FILE` and repeatable `--set KEY=VALUE` (args.config, args.overrides)."""
-    parser.add_argument("--config", help=config_help)
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help=f"override a config value, e.g. --set {example} (repeatable)",
-    )
 
 
 def run_launch(args: argparse.Namespace) -> int:

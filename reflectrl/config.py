@@ -8,6 +8,7 @@ from-scratch models that learn Taxi on a laptop) otherwise (`machine_recipe`).
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Any, Literal
 
@@ -361,6 +362,23 @@ def apply_override(tree: dict[str, Any], path: list[str], value: Any) -> None:
             raise ConfigError(f"--set {'.'.join(path)}: {part!r} is not a section")
         node = child
     node[path[-1]] = value
+
+
+def add_config_arguments(
+    parser: argparse.ArgumentParser,
+    example: str,
+    config_help: str = "YAML config (default: the built-in defaults)",
+) -> None:
+    """`--config FILE` and repeatable `--set KEY=VALUE` (args.config, args.overrides)."""
+    parser.add_argument("--config", help=config_help)
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"override a config value, e.g. --set {example} (repeatable)",
+    )
 
 
 def load_config(

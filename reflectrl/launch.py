@@ -19,21 +19,23 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 
 from reflectrl import rng_state
 from reflectrl.algorithm import build_ppo_config
+from reflectrl.atomic_files import write_json, write_text
 from reflectrl.checkpoints import read_state, write_checkpoint
 from reflectrl.config import ReflectRLConfig, dump_config
 from reflectrl.coordinator import CoordinatorCallback, Curriculum
 from reflectrl.envs.registry import make_text_env
 from reflectrl.errors import LearnerDiedError, ReflectionServerError
-from reflectrl.evaluation.report import BEFORE_RL_FILE, sft_observations, write_json
+from reflectrl.evaluation.report import BEFORE_RL_FILE, sft_observations
 from reflectrl.evaluation.runner import Evaluator, PolicySource
 from reflectrl.learner.rl_module import POLICY_PREFIX, state_nbytes
 from reflectrl.metrics import MetricsSink, format_progress
-from reflectrl.models.policy import OptionPolicy, lora_config, save_adapter_state
+from reflectrl.models.policy import lora_config, save_adapter_state
 from reflectrl.preflight import check_run
 from reflectrl.progress import Heartbeat, start_progress_board
 from reflectrl.reflection.actor import ReflectionServers
 from reflectrl.reflection.endpoint import ReflectionEndpoint
 from reflectrl.rollout_workers.error_sink import start_error_sink
+from reflectrl.run_dir import CONFIG_FILE
 from reflectrl.worker_failures import WorkerFailureWatch
 
 logger = logging.getLogger(__name__)
@@ -73,8 +75,8 @@ class Run:
     # -- set-up --------------------------------------------------------------------------
     def start(self, resume_from: Path | None = None) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if not (self.run_dir / "config.yaml").exists():  # the pipeline writes the user's config
-            (self.run_dir / "config.yaml").write_text(dump_config(self.config))
+        if not (self.run_dir / CONFIG_FILE).exists():  # the pipeline writes the user's config
+            write_text(self.run_dir / CONFIG_FILE, dump_config(self.config))
         r = self.config.reflection
         if r.enabled and r.server == "local":
             served = r.model + (f" + adapter {r.adapter}" if r.adapter else "")
@@ -245,7 +247,7 @@ class Run:
             return
         from reflectrl.rollout_workers.runner_env import make_reflection_client
 
-        client = make_reflection_client(self.config, self.reflection, 0)
+        client = make_reflection_client(self.config, self.reflection)
         for replica in range(len(self.reflection.urls)):
             client.use_replica(replica)
             if client.locate is not None:
@@ -286,21 +288,6 @@ class Run:
             for k, v in self.module_state().items()
             if k.startswith(POLICY_PREFIX)
         }
-
-    def policy_copy(self) -> OptionPolicy:
-        """A copy of the learner's current policy in this process (e.g. to evaluate it here);
-        `policy.load_trainable_state(run.policy_state())` brings it up to date later."""
-        lora = self.config.policy.lora
-        policy = OptionPolicy(
-            self.spec.model_dir,
-            self.spec.label_token_ids,
-            lora_r=lora.r,
-            lora_alpha=lora.alpha,
-            lora_target_modules=lora.target_modules,
-            seed=self.config.run.seed,
-        )
-        policy.load_trainable_state(self.policy_state())
-        return policy
 
     def weight_sync_bytes(self) -> int:
         """Bytes sent to each rollout worker per sync (the LoRA tensors only). Their shapes

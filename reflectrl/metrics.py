@@ -7,6 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from reflectrl.atomic_files import write_text
+from reflectrl.run_dir import METRICS_FILE
+
 # What every rollout worker counts per iteration; the coordinator sums them into run totals.
 WORKER_COUNTERS = (
     "env_steps",
@@ -47,7 +50,7 @@ class MetricsSink:
         from torch.utils.tensorboard import SummaryWriter
 
         self.run_name = run_dir.name
-        path = run_dir / "metrics.jsonl"
+        path = run_dir / METRICS_FILE
         if resume_from is not None:
             keep_rows_up_to(path, resume_from)
         self.jsonl = path.open("a" if resume_from is not None else "w")
@@ -112,9 +115,7 @@ def keep_rows_up_to(path: Path, iteration: int) -> None:
     kept = [line for line in lines if _iteration_of(line) <= iteration]
     if len(kept) == len(lines):
         return
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(f"{line}\n" for line in kept))
-    tmp.replace(path)
+    write_text(path, "".join(f"{line}\n" for line in kept))
 
 
 def _iteration_of(line: str) -> float:

@@ -7,11 +7,10 @@ shared filesystem. On the driver's own node the original paths are used as they 
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
 from pathlib import Path
 
-from reflectrl.models.loading import default_cache_dir
+from reflectrl.atomic_files import atomic_dir
+from reflectrl.data.model_dirs import default_cache_dir
 
 Packed = dict[str, bytes]  # relative path -> contents
 
@@ -27,17 +26,10 @@ def pack_dir(path: Path) -> Packed:
 def unpack_dir(files: Packed, path: Path) -> Path:
     """Write `files` as folder `path`, complete or not at all (built aside, then renamed)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    for relative, data in files.items():
-        target = tmp / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
-    tmp.mkdir(parents=True, exist_ok=True)
-    if path.exists():
-        shutil.rmtree(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp.rename(path)
+    with atomic_dir(path) as tmp:
+        for relative, data in files.items():
+            (tmp / relative).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / relative).write_bytes(data)
     return path
 
 

@@ -7,13 +7,11 @@ did, how long it took); `--resume` skips the stages that have it and continues t
 does not (RL from its latest checkpoint). `sft.enabled: false` is RL from scratch (no data,
 no SFT), `rl.enabled: false` the SFT-only ablation, `eval.enabled: false` skips the final eval.
 
-Layout: config.yaml (the user's config), data/, sft/{reflection,policy}/, the RL run
-(metrics.jsonl, checkpoints/, tensorboard/), eval_<split>.json, stages/.
+The run directory's layout, and how its files are written: reflectrl/run_dir.py.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections.abc import Callable
@@ -23,6 +21,7 @@ from typing import Any
 
 import ray
 
+from reflectrl.atomic_files import write_json, write_text
 from reflectrl.checkpoints import latest_checkpoint
 from reflectrl.config import ReflectRLConfig, dump_config, load_config
 from reflectrl.errors import ConfigError, ReflectRLError
@@ -30,9 +29,15 @@ from reflectrl.node_files import Packed, pack_dir, unpack_dir
 from reflectrl.preflight import check_run, preflight
 from reflectrl.ray_cluster import init_ray
 from reflectrl.reflection.actor import ReflectionServers
-
-STAGES_DIR = "stages"
-RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", STAGES_DIR)
+from reflectrl.run_dir import (
+    CONFIG_FILE,
+    RUN_MARKERS,
+    enabled_stages,
+    rl_config,
+    sft_players,
+    stage_marker,
+    stages_to_run,
+)
 
 
 @dataclass
@@ -55,11 +60,11 @@ def resolve_run(opts: LaunchOptions) -> tuple[ReflectRLConfig, Path, Path | None
         overrides.append(f"run.iterations={opts.iterations}")
     if opts.resume:
         run_dir = Path(opts.resume)
-        if not (run_dir / "config.yaml").is_file():
-            raise ConfigError(f"--resume {run_dir}: no config.yaml there; is it a run directory?")
+        if not (run_dir / CONFIG_FILE).is_file():
+            raise ConfigError(f"--resume {run_dir}: no {CONFIG_FILE} there; is it a run directory?")
         if opts.output and Path(opts.output).resolve() != run_dir.resolve():
             raise ConfigError("--resume continues in its own directory; drop --output")
-        config = load_config(opts.config_path or run_dir / "config.yaml", overrides)
+        config = load_config(opts.config_path or run_dir / CONFIG_FILE, overrides)
         return config, run_dir, latest_checkpoint(run_dir)
     config = load_config(opts.config_path, overrides)
     run_dir = Path(opts.output or f"runs/{config.env.name}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -69,77 +74,6 @@ def resolve_run(opts: LaunchOptions) -> tuple[ReflectRLConfig, Path, Path | None
             "or choose another --output"
         )
     return config, run_dir, None
-
-
-def enabled_stages(config: ReflectRLConfig) -> list[str]:
-    stages = ["data", "sft"] if config.sft.enabled else []
-    stages += ["rl"] if config.rl.enabled else []
-    stages += ["eval"] if config.eval.enabled else []
-    if not stages:
-        raise ConfigError("sft.enabled, rl.enabled and eval.enabled are all false: nothing to run")
-    return stages
-
-
-def stage_done(run_dir: Path, stage: str) -> dict[str, Any] | None:
-    marker = run_dir / STAGES_DIR / f"{stage}.json"
-    return json.loads(marker.read_text()) if marker.is_file() else None
-
-
-def stages_to_run(config: ReflectRLConfig, run_dir: Path, stages: list[str]) -> list[str]:
-    """The stages without a marker, and every stage after the first of them (their inputs
-    change). RL is unfinished while it has fewer iterations than `run.iterations` (a resume
-    with a larger `--iterations` continues it)."""
-    for i, stage in enumerate(stages):
-        done = stage_done(run_dir, stage)
-        if done is None or (stage == "rl" and done["iterations"] < config.run.iterations):
-            return stages[i:]
-    return []
-
-
-def sft_players(config: ReflectRLConfig) -> list[str]:
-    """The players the sft stage trains: the reflection model only when RL serves it locally
-    (a `reflection.server: url` model is the user's to train and name)."""
-    r = config.reflection
-    return (["reflection"] if r.enabled and r.server == "local" else []) + ["policy"]
-
-
-def rl_config(config: ReflectRLConfig, run_dir: Path) -> ReflectRLConfig:
-    """The config RL and eval run with: the players start from this run's SFT outputs."""
-    if not config.sft.enabled:
-        return config
-    derived = config.model_copy(deep=True)
-    sft = run_dir / "sft"
-    serve_reflection = "reflection" in sft_players(config)
-    if config.sft.method == "lora":
-        derived.policy.init_adapter = str(sft / "policy")
-        if serve_reflection:
-            derived.reflection.adapter = str(sft / "reflection")
-    else:  # full: the SFT'd models are the base models (RL puts a fresh LoRA on the policy)
-        derived.policy.model = str(sft / "policy")
-        if serve_reflection:
-            derived.reflection.model = str(sft / "reflection")
-    return derived
-
-
-def run_policy(run_dir: Path, config: ReflectRLConfig) -> tuple[ReflectRLConfig, Any]:
-    """(the config to evaluate with, the PolicySource) of a run's final policy; a one-line
-    error when the run has none yet."""
-    from reflectrl.evaluation.runner import PolicySource
-
-    final = "rl" if config.rl.enabled else "sft" if config.sft.enabled else None
-    if final is None or stage_done(run_dir, final) is None:
-        raise ConfigError(
-            f"--run {run_dir}: no finished policy (stage {final or 'rl'} has not finished); "
-            f"finish it with `reflectrl launch --resume {run_dir}` or pass --adapter"
-        )
-    derived = rl_config(config, run_dir)
-    if final == "rl":
-        checkpoint = latest_checkpoint(run_dir)
-        assert checkpoint is not None  # the rl stage ends with a checkpoint
-        return derived, PolicySource(checkpoint_adapter=checkpoint / "adapter")
-    if config.sft.method == "lora":
-        return derived, PolicySource(sft_adapter=run_dir / "sft" / "policy")
-    return derived, PolicySource()  # full SFT: the model directory is the policy
 
 
 # -- the stages ------------------------------------------------------------------------------
@@ -270,7 +204,8 @@ def rl_stage(ctx: StageContext) -> dict[str, Any]:
 
 def eval_stage(ctx: StageContext) -> dict[str, Any]:
     from reflectrl.evaluation.commands import evaluate_with
-    from reflectrl.evaluation.report import format_table, write_json
+    from reflectrl.evaluation.report import format_table
+    from reflectrl.evaluation.runner import run_policy
 
     config, source = run_policy(ctx.run_dir, ctx.config)
     result: dict[str, Any] = {}
@@ -319,8 +254,8 @@ def launch(opts: LaunchOptions) -> Path:
     # there.
     dashboard = init_ray(opts.address, config, opts.workers)
     run_dir.mkdir(parents=True, exist_ok=True)
-    if not (run_dir / "config.yaml").exists():
-        (run_dir / "config.yaml").write_text(dump_config(config))
+    if not (run_dir / CONFIG_FILE).exists():
+        write_text(run_dir / CONFIG_FILE, dump_config(config))
     if dashboard:
         print(f"Ray dashboard: {dashboard}", flush=True)
     ctx = StageContext(config, run_dir, opts.workers, resume_from)
@@ -355,8 +290,4 @@ def print_outcome(run_dir: Path) -> None:
 
 
 def mark_done(run_dir: Path, stage: str, summary: dict[str, Any]) -> None:
-    folder = run_dir / STAGES_DIR
-    folder.mkdir(exist_ok=True)
-    tmp = folder / f".{stage}.json.tmp"
-    tmp.write_text(json.dumps({"stage": stage, **summary}, indent=2) + "\n")
-    tmp.replace(folder / f"{stage}.json")
+    write_json(stage_marker(run_dir, stage), {"stage": stage, **summary})

@@ -8,6 +8,7 @@ from pathlib import Path
 from reflectrl import prompts
 from reflectrl.config import ReflectRLConfig
 from reflectrl.coordinator import Curriculum
+from reflectrl.data.model_dirs import resolve_model
 from reflectrl.envs.registry import env_splits, make_text_env
 from reflectrl.errors import ConfigError
 from reflectrl.models.adapters import (
@@ -16,7 +17,7 @@ from reflectrl.models.adapters import (
     check_lora_targets,
     read_adapter_config,
 )
-from reflectrl.models.loading import load_tokenizer, resolve_model
+from reflectrl.models.loading import load_tokenizer
 from reflectrl.models.tokens import label_token_ids
 
 
@@ -85,7 +86,7 @@ def check_run(config: ReflectRLConfig, workers: int) -> PolicySpec:
         from reflectrl.reflection.endpoint import ReflectionEndpoint
         from reflectrl.rollout_workers.runner_env import make_reflection_client
 
-        if not make_reflection_client(config, ReflectionEndpoint.external(r), 0).health():
+        if not make_reflection_client(config, ReflectionEndpoint.external(r)).health():
             raise ConfigError(
                 f"reflection.url {r.url} does not answer; start the server there or set "
                 "reflection.server=local"

@@ -65,20 +65,6 @@ def no_reflection_parts(
     return Prompt(f"{obs.instruction}\n", obs.observation, f"{MENU_HEADER}{menu}{ACTION_MARKER}")
 
 
-def reflection_prompt(obs: TextObservation) -> str:
-    return reflection_parts(obs).text
-
-
-def policy_prompt(
-    obs: TextObservation, reflection: str, labels: Sequence[str], order: Sequence[int]
-) -> str:
-    return policy_parts(obs, reflection, labels, order).text
-
-
-def no_reflection_prompt(obs: TextObservation, labels: Sequence[str], order: Sequence[int]) -> str:
-    return no_reflection_parts(obs, labels, order).text
-
-
 def prompt_head(obs: TextObservation) -> str:
     """The part of every prompt that truncation must keep (the task header)."""
     return f"{obs.instruction}\n"

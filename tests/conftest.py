@@ -44,7 +44,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def tiny_dir() -> Path:
-    from reflectrl.models.loading import resolve_model
+    from reflectrl.data.model_dirs import resolve_model
 
     return resolve_model("tiny")
 

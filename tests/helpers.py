@@ -30,7 +30,8 @@ def check_dataset(config: Any, out: Path, rate_bounds: tuple[float, float]) -> l
     what the rollout worker's vector env renders for the same state and reflection. Returns
     the rows."""
     from reflectrl.data.demos import demonstrator_for
-    from reflectrl.models.loading import load_tokenizer, resolve_model
+    from reflectrl.data.model_dirs import resolve_model
+    from reflectrl.models.loading import load_tokenizer
     from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
     from reflectrl.seeding import hash_seed
 

@@ -485,7 +485,7 @@ def test_over_long_prompts_trim_history_and_output_never_the_listing(
         vec.step(np.array([vec._orders[0].index(env.actions.index(command))]))
     full = env._observation()
     prompt = vec.last_prompts[0]
-    full_prompt = prompts.no_reflection_prompt(full, vec.labels, vec._orders[0])
+    full_prompt = prompts.no_reflection_parts(full, vec.labels, vec._orders[0]).text
     assert count_tokens(tokenizer, full_prompt) > budget  # needed trimming
     assert vec.counters["truncated_prompts"] == 0  # ... and the env's own trimming sufficed
     assert count_tokens(tokenizer, prompt) <= budget

@@ -33,7 +33,8 @@ def test_actors_land_on_the_nodes_the_config_asks_for(tmp_path: Path) -> None:
     from ray.cluster_utils import Cluster
 
     from reflectrl.launch import Run
-    from reflectrl.pipeline import StageContext, data_stage, rl_config, sft_stage
+    from reflectrl.pipeline import StageContext, data_stage, sft_stage
+    from reflectrl.run_dir import rl_config
 
     cluster = Cluster(
         initialize_head=True,

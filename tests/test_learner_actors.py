@@ -211,8 +211,9 @@ def test_rollout_workers_score_in_bfloat16(ray4: Any, tmp_path: Path) -> None:
     from ray.rllib.core import DEFAULT_MODULE_ID
     from ray.rllib.core.columns import Columns
 
+    from reflectrl.data.model_dirs import resolve_model
     from reflectrl.launch import Run
-    from reflectrl.models.loading import load_tokenizer, resolve_model
+    from reflectrl.models.loading import load_tokenizer
     from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
 
     config = config_with("policy.dtype=bfloat16")

@@ -37,11 +37,13 @@ def test_ppo_from_reward_alone_learns_pickup_from_a_handful_of_starts(tmp_path: 
     update old when learned from, which the rows' own weights versions confirm."""
     import ray
 
+    from reflectrl.data.model_dirs import resolve_model
     from reflectrl.evaluation.episodes import play
     from reflectrl.launch import Run
     from reflectrl.learner.rl_module import WEIGHTS_VERSION
-    from reflectrl.models.loading import load_tokenizer, resolve_model
+    from reflectrl.models.loading import load_tokenizer
     from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
+    from tests.support.policy_copy import policy_copy
 
     config = load_config(
         REPO / "configs" / "smoke.yaml",
@@ -75,7 +77,7 @@ def test_ppo_from_reward_alone_learns_pickup_from_a_handful_of_starts(tmp_path: 
     run = Run(config, tmp_path / "run", workers=2)
     try:
         run.start()
-        policy = run.policy_copy()
+        policy = policy_copy(run)
         before = greedy_success(policy)
         rows, sampled_with, learner_versions = [], [], [0]
         for _ in range(8):

@@ -10,15 +10,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from reflectrl.data import model_dirs
+from reflectrl.data.model_dirs import default_cache_dir, resolve_model
 from reflectrl.errors import ModelLoadError
-from reflectrl.models import loading
-from reflectrl.models.loading import (
-    default_cache_dir,
-    load_causal_lm,
-    load_tokenizer,
-    resolve_model,
-    zero_dropout_config,
-)
+from reflectrl.models.loading import load_causal_lm, load_tokenizer, zero_dropout_config
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -42,7 +37,7 @@ def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
 
 def test_tiny_is_cached_and_vllm_shaped(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert tiny_dir.name == "tiny-llama" and tiny_dir.parent.name == "models"
-    monkeypatch.setattr(loading, "_build_tiny", _no_build)
+    monkeypatch.setattr(model_dirs, "_build_tiny", _no_build)
     assert resolve_model("tiny", tiny_dir.parent.parent) == tiny_dir
     config = json.loads((tiny_dir / "config.json").read_text())
     assert config["model_type"] == "llama"
@@ -84,7 +79,7 @@ def test_crashed_build_leaves_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path:
         (out / "config.json").write_text("{}")  # half-written
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(loading, "_build_tiny", crash)
+    monkeypatch.setattr(model_dirs, "_build_tiny", crash)
     with pytest.raises(ModelLoadError, match="disk on fire"):
         resolve_model("tiny", tmp_path)
     models = tmp_path / "models"
@@ -96,7 +91,7 @@ def test_older_recipe_is_rebuilt(tiny_dir: Path, tmp_path: Path) -> None:
     stale = tmp_path / "models" / "tiny-llama"
     stale.mkdir(parents=True)
     (stale / "config.json").write_text("{}")
-    (stale / loading.BUILD_MARKER).write_text(json.dumps({"recipe": "tiny-llama-v0"}))
+    (stale / model_dirs.BUILD_MARKER).write_text(json.dumps({"recipe": "tiny-llama-v0"}))
     rebuilt = resolve_model("tiny", tmp_path)
     assert rebuilt == stale
     assert json.loads((rebuilt / "config.json").read_text())["model_type"] == "llama"
@@ -188,12 +183,12 @@ def test_smollm2_conversion(tmp_path_factory: pytest.TempPathFactory) -> None:
     text = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "Paris" in text  # a real pretrained model, not noise
 
-    original = loading._build_smollm2
+    original = model_dirs._build_smollm2
     try:
-        loading._build_smollm2 = _no_build  # type: ignore[assignment]
+        model_dirs._build_smollm2 = _no_build  # type: ignore[assignment]
         assert resolve_model("smollm2", cache) == model_dir
     finally:
-        loading._build_smollm2 = original
+        model_dirs._build_smollm2 = original
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +208,7 @@ def test_scratch_model_speaks_taxi_in_few_ids(scratch_dir: Path) -> None:
     labels = "123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
     assert len(set(label_token_ids(tokenizer, labels, prompts.ACTION_MARKER))) == len(labels)
     obs, _ = make_text_env("dangerous_taxi", {"split": "test"}).reset(seed=3)
-    text = prompts.policy_prompt(obs, 'Next: "go north".', labels, range(len(obs.actions)))
+    text = prompts.policy_parts(obs, 'Next: "go north".', labels, range(len(obs.actions))).text
     ids = tokenizer.encode(text, add_special_tokens=False)
     assert tokenizer.decode(ids) == text
     assert len(ids) < 0.4 * len(text)  # words, not bytes (the map is a token per cell)
@@ -271,7 +266,7 @@ def test_scratch_model_for_auto_explore_keeps_its_40_labels_whole(
     obs, _ = env.reset(seed=0)
     for step in range(3):
         reflection = f'Step {step}: "{obs.actions[0]}" looks right.'
-        text = prompts.policy_prompt(obs, reflection, labels, range(len(obs.actions)))
+        text = prompts.policy_parts(obs, reflection, labels, range(len(obs.actions))).text
         ids = tokenizer.encode(text, add_special_tokens=False)
         assert tokenizer.decode(ids) == text
         assert len(ids) < 0.6 * len(text)  # bytes: 1.0
@@ -300,7 +295,7 @@ def test_scratch_model_for_alfworld_keeps_its_60_labels_whole(
     obs, _ = env.reset(seed=0)
     for step in range(3):
         reflection = f'Step {step}: "{obs.actions[0]}" looks right.'
-        text = prompts.policy_prompt(obs, reflection, labels, range(len(obs.actions)))
+        text = prompts.policy_parts(obs, reflection, labels, range(len(obs.actions))).text
         ids = tokenizer.encode(text, add_special_tokens=False)
         assert tokenizer.decode(ids) == text
         assert len(ids) < 0.5 * len(text)  # bytes: 1.0

@@ -8,14 +8,9 @@ import pytest
 
 from reflectrl.config import load_config
 from reflectrl.errors import ConfigError
-from reflectrl.pipeline import (
-    enabled_stages,
-    mark_done,
-    rl_config,
-    run_policy,
-    sft_players,
-    stages_to_run,
-)
+from reflectrl.evaluation.runner import run_policy
+from reflectrl.pipeline import mark_done
+from reflectrl.run_dir import enabled_stages, rl_config, sft_players, stages_to_run
 
 STAGES = ["data", "sft", "rl", "eval"]
 

@@ -106,7 +106,8 @@ def build_module(tiny_dir: Path, tokenizer: Any, **options: Any) -> Any:
     import gymnasium as gym
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
-    from reflectrl.learner.rl_module import ReflectRLModule
+    from reflectrl.config import load_config
+    from reflectrl.learner.rl_module import ReflectRLModule, module_config
 
     ids = label_token_ids(tokenizer, "123456", prompts.ACTION_MARKER)
     obs_space = gym.spaces.Dict(
@@ -117,16 +118,11 @@ def build_module(tiny_dir: Path, tokenizer: Any, **options: Any) -> Any:
             "live": gym.spaces.Box(0, 1, (1,), np.int64),
         }
     )
-    model_config = {
-        "model_dir": str(tiny_dir),
-        "label_token_ids": ids,
-        "lora_r": 4,
-        "lora_alpha": 8,
-        "lora_target_modules": ["q_proj", "v_proj"],
-        "seed": 0,
-        "micro_batch_size": 2,
-        **options,
-    }
+    settings = [f"policy.{key}={value}" for key, value in options.items()]
+    config = load_config(
+        None, ["policy.lora.r=4", "policy.lora.alpha=8", "policy.micro_batch_size=2", *settings]
+    )
+    model_config = module_config(config, tiny_dir, ids)
     spec = RLModuleSpec(
         module_class=ReflectRLModule,
         observation_space=obs_space,

@@ -8,7 +8,7 @@ import pytest
 from reflectrl import prompts
 from reflectrl.envs.base import TextObservation
 from reflectrl.errors import ModelLoadError
-from reflectrl.models.tokens import encode_prompt, label_token_ids
+from reflectrl.models.tokens import fit_tokens, label_token_ids, pad_tokens
 
 OBS = TextObservation(
     instruction="Deliver the passenger.",
@@ -17,13 +17,20 @@ OBS = TextObservation(
 )
 
 
+def encode_prompt(tokenizer: Any, prompt: prompts.Prompt, max_tokens: int) -> tuple:
+    """Right-padded (input_ids, attention_mask, n_dropped), as the vector env encodes."""
+    ids, dropped = fit_tokens(tokenizer, prompt, max_tokens)
+    input_ids, attention_mask = pad_tokens(tokenizer, ids, max_tokens)
+    return input_ids, attention_mask, dropped
+
+
 def test_layouts_follow_the_method() -> None:
-    refl = prompts.reflection_prompt(OBS)
+    refl = prompts.reflection_parts(OBS).text
     assert refl == "Deliver the passenger.\ngrid here # Analyze:\n"
-    policy = prompts.policy_prompt(OBS, " Go north first. ", "123", [0, 1, 2])
+    policy = prompts.policy_parts(OBS, " Go north first. ", "123", [0, 1, 2]).text
     assert policy.startswith(refl + "Go north first.")
     assert policy.endswith("1. go north\n2. go south\n3. pick up passenger # Action:\n")
-    plain = prompts.no_reflection_prompt(OBS, "123", [0, 1, 2])
+    plain = prompts.no_reflection_parts(OBS, "123", [0, 1, 2]).text
     assert "# Analyze" not in plain and plain.endswith(" # Action:\n")
     assert plain.startswith(prompts.prompt_head(OBS))
 
@@ -64,7 +71,6 @@ def test_every_prompt_is_head_body_tail() -> None:
     plain = prompts.no_reflection_parts(OBS, "123", [0, 1, 2])
     for parts in (reflection, policy, plain):
         assert parts.head == prompts.prompt_head(OBS) and parts.body == OBS.observation
-    assert reflection.text == prompts.reflection_prompt(OBS)
     assert policy.text.startswith(reflection.text)  # the method's layout: policy extends it
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from reflectrl.data.model_dirs import resolve_model
 from reflectrl.errors import ReflectionServerError
-from reflectrl.models.loading import resolve_model
 from reflectrl.reflection.client import ReflectionClient
 from reflectrl.reflection.server import VLLMServer, group_members, summarize_log
 

@@ -20,8 +20,8 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.evaluation.postprocessing import Postprocessing
 
 from reflectrl.config import load_config
-from reflectrl.in_process import build_in_process
 from tests.helpers import perturb
+from tests.support.in_process import build_in_process
 
 MID = DEFAULT_MODULE_ID
 SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
@@ -102,7 +102,7 @@ def test_fast_update_path_equals_rllibs_own(sampled: tuple) -> None:
     values taken from the rollouts change nothing but the cost."""
     fast, episodes = sampled
     config = fast.config
-    reference = build_in_process(config, learner_class=PPOTorchLearner, model_overrides=REFERENCE)
+    reference = build_in_process(config, learner_class=PPOTorchLearner, policy_overrides=REFERENCE)
     perturb(reference.module)
     batches = {
         name: env.train_batch(episodes) for name, env in (("fast", fast), ("ref", reference))

@@ -230,7 +230,7 @@ def test_vllm_serves_a_fully_trained_reflection_model(
 def test_rl_starts_from_the_sft_policy_adapter(sft_out: Path) -> None:
     from peft.utils import load_peft_weights
 
-    from reflectrl.in_process import build_in_process
+    from tests.support.in_process import build_in_process
 
     adapter = sft_out / "policy"
     config = load_config(SMOKE, ["reflection.enabled=false", f"policy.init_adapter={adapter}"])

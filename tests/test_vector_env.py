@@ -271,3 +271,28 @@ def test_prefetched_resets_change_nothing_but_when_resets_run(tokenizer: Any) ->
     assert inline_pending == 0 and pending >= 40  # most steps had a reset running behind
     assert sum(len(x) for x in inline if isinstance(x, list) and x and isinstance(x[0], dict)) > 20
     assert prefetched == inline
+
+
+def test_a_worker_takes_its_seeds_and_reflection_replica_from_its_index() -> None:
+    """RLlib builds the env without the worker index; `set_worker_index` (from the callback)
+    is the one place that picks the worker's streams, reflection seed and replica."""
+    from reflectrl.reflection.endpoint import ReflectionEndpoint
+    from reflectrl.rollout_workers.runner_env import make_vector_env
+    from reflectrl.seeding import hash_seed
+
+    config = load_config(None, ["policy.model=tiny", "reflection.model=tiny", "run.seed=7"])
+    urls = [f"http://127.0.0.1:{port}/v1" for port in (9101, 9102, 9103)]
+    ctx = {
+        "reflectrl": config.model_dump(mode="json"),
+        "reflection": ReflectionEndpoint(urls=urls).to_dict(),
+        "num_envs": 2,
+    }
+    streams = {}
+    for worker in (1, 2, 3, 5):
+        env = make_vector_env(ctx)
+        assert (env.worker_index, env.reflector.replica) == (0, 0)
+        env.set_worker_index(worker)
+        assert env.reflector.seed == hash_seed(7, worker)
+        assert env.reflector.base_url == urls[(worker - 1) % 3]
+        streams[worker] = env.random_state()
+    assert len({json.dumps(s, sort_keys=True, default=str) for s in streams.values()}) == 4

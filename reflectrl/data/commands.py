@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from reflectrl.cli import add_config_arguments
+from reflectrl.config import add_config_arguments
 
 
 def add_commands(sub: Any) -> None:

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from reflectrl.cli import add_config_arguments
+from reflectrl.config import add_config_arguments
 from reflectrl.errors import ConfigError
 
 
@@ -37,8 +37,10 @@ def add_commands(sub: Any) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    from reflectrl.atomic_files import write_json
     from reflectrl.config import load_config
-    from reflectrl.evaluation.report import format_table, write_json
+    from reflectrl.evaluation.report import format_table
+    from reflectrl.run_dir import CONFIG_FILE
 
     if args.episodes is not None and args.episodes < 1:
         raise ConfigError(f"--episodes {args.episodes}: need at least 1")
@@ -49,12 +51,12 @@ def run_eval(args: argparse.Namespace) -> int:
         if value is not None:
             overrides.append(f"eval.{key}={value}")
     if args.run:
-        from reflectrl.pipeline import run_policy
+        from reflectrl.evaluation.runner import run_policy
 
         run_dir = Path(args.run)
-        if not (run_dir / "config.yaml").is_file():
-            raise ConfigError(f"--run {run_dir}: no config.yaml there; is it a run directory?")
-        config = load_config(args.config or run_dir / "config.yaml", overrides)
+        if not (run_dir / CONFIG_FILE).is_file():
+            raise ConfigError(f"--run {run_dir}: no {CONFIG_FILE} there; is it a run directory?")
+        config = load_config(args.config or run_dir / CONFIG_FILE, overrides)
         config, source = run_policy(run_dir, config)
         home = run_dir
     else:

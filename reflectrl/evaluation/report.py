@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -113,11 +112,3 @@ def format_table(report: dict[str, Any]) -> str:
                 f"{interval:>13} {s['return_mean']:>7.2f} {s['length_mean']:>7.1f}"
             )
     return "\n".join(lines)
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write `data` as JSON atomically (a reader sees the old file or the new one)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)

@@ -15,12 +15,14 @@ from typing import Any
 import numpy as np
 import ray
 
+from reflectrl.checkpoints import latest_checkpoint
 from reflectrl.config import ReflectRLConfig
 from reflectrl.envs.registry import env_splits, make_text_env
 from reflectrl.errors import ConfigError
 from reflectrl.evaluation.episodes import deal, play, slot_quotas
 from reflectrl.evaluation.report import grouped
 from reflectrl.reflection.endpoint import ReflectionEndpoint
+from reflectrl.run_dir import SFT_DIR, rl_config, stage_done
 
 DECODINGS = ("greedy", "sampled")
 
@@ -61,8 +63,8 @@ class EvalWorker:
     def __init__(
         self, config: dict[str, Any], reflection: dict[str, Any] | None, index: int
     ) -> None:
-        from reflectrl.models.loading import resolve_model
-        from reflectrl.models.policy import OptionPolicy
+        from reflectrl.data.model_dirs import resolve_model
+        from reflectrl.models.policy import build_policy
         from reflectrl.rollout_workers.runner_env import make_vector_env
 
         parsed = ReflectRLConfig.model_validate(config)
@@ -74,14 +76,9 @@ class EvalWorker:
         self.env = make_vector_env(ctx)
         self.env.set_worker_index(index)
         self.env.record_observations = True  # for `unseen_states` in the report
-        lora = parsed.policy.lora
-        self.policy = OptionPolicy(
-            resolve_model(parsed.policy.model),
-            self.env.label_ids,
-            lora_r=lora.r,
-            lora_alpha=lora.alpha,
-            lora_target_modules=lora.target_modules,
-            seed=parsed.run.seed,
+        model_dir = resolve_model(parsed.policy.model)
+        self.policy = build_policy(
+            parsed.policy, model_dir, self.env.label_ids, parsed.run.seed, for_rollouts=True
         )
         self.seed = parsed.run.seed * 1000 + index
 
@@ -169,3 +166,22 @@ class Evaluator:
         for actor in self.actors:
             ray.kill(actor)
         self.actors = []
+
+
+def run_policy(run_dir: Path, config: ReflectRLConfig) -> tuple[ReflectRLConfig, PolicySource]:
+    """(the config to evaluate with, the PolicySource) of a run's final policy; a one-line
+    error when the run has none yet."""
+    final = "rl" if config.rl.enabled else "sft" if config.sft.enabled else None
+    if final is None or stage_done(run_dir, final) is None:
+        raise ConfigError(
+            f"--run {run_dir}: no finished policy (stage {final or 'rl'} has not finished); "
+            f"finish it with `reflectrl launch --resume {run_dir}` or pass --adapter"
+        )
+    derived = rl_config(config, run_dir)
+    if final == "rl":
+        checkpoint = latest_checkpoint(run_dir)
+        assert checkpoint is not None  # the rl stage ends with a checkpoint
+        return derived, PolicySource(checkpoint_adapter=checkpoint / "adapter")
+    if config.sft.method == "lora":
+        return derived, PolicySource(sft_adapter=run_dir / SFT_DIR / "policy")
+    return derived, PolicySource()  # full SFT: the model directory is the policy

@@ -4,12 +4,12 @@ results.json, results.md and plots/ (learning curves, held-out success, curricul
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
+from reflectrl.atomic_files import atomic_dir, write_json, write_text
 from reflectrl.errors import ConfigError
 from reflectrl.experiment import plots
 from reflectrl.experiment.grid import PlannedRun, load_spec, plan, run_grid
@@ -22,11 +22,12 @@ from reflectrl.experiment.results import (
     run_summary,
     with_start,
 )
+from reflectrl.run_dir import CONFIG_FILE, METRICS_FILE, STAGES_DIR
 
 PLOTS = ("learning_curves.png", "heldout_success.png", "curriculum.png")
 # What the report reads from a run, and all that `--export` keeps of it: a few dozen KB,
 # against megabytes of models, checkpoints and data.
-RUN_RECORD = ("config.yaml", "metrics.jsonl", "eval_*.json", "stages/*.json")
+RUN_RECORD = (CONFIG_FILE, METRICS_FILE, "eval_*.json", f"{STAGES_DIR}/*.json")
 
 
 def write_report(file: Path, output: Path, runs: list[PlannedRun], command: str) -> dict[str, Any]:
@@ -66,8 +67,8 @@ def write_report(file: Path, output: Path, runs: list[PlannedRun], command: str)
         "runs": [r for rows in summaries.values() for r in rows],
         "plots": [str(p.relative_to(output)) for p in made],
     }
-    _atomic_write(output / "results.json", json.dumps(results, indent=2) + "\n")
-    _atomic_write(output / "results.md", _markdown(results))
+    write_json(output / "results.json", results)
+    write_text(output / "results.md", _markdown(results))
     return results
 
 
@@ -115,22 +116,13 @@ def export_runs(runs: list[PlannedRun], dest: Path) -> list[PlannedRun]:
             continue
         files = [p for pattern in RUN_RECORD for p in sorted(run.dir.glob(pattern))]
         target = dest / run.name
-        staging = dest / f".{run.name}.tmp"
-        shutil.rmtree(staging, ignore_errors=True)
-        for path in files:
-            copy = staging / path.relative_to(run.dir)
-            copy.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, copy)
-        shutil.rmtree(target, ignore_errors=True)
-        staging.replace(target)
+        with atomic_dir(target) as staging:
+            for path in files:
+                copy = staging / path.relative_to(run.dir)
+                copy.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, copy)
         exported.append(PlannedRun(run.variant, run.seed, target, run.overrides))
     return exported
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def command_line(args: argparse.Namespace) -> str:

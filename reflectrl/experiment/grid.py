@@ -34,9 +34,11 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from reflectrl.atomic_files import write_json, write_text
 from reflectrl.config import ReflectRLConfig, dump_config, load_config
 from reflectrl.errors import ConfigError
 from reflectrl.experiment.results import git_commit
+from reflectrl.run_dir import CONFIG_FILE, enabled_stages, stage_done, stage_marker, stages_to_run
 
 
 class ExperimentSpec(BaseModel):
@@ -102,9 +104,8 @@ def plan(spec: ExperimentSpec, output: Path) -> list[PlannedRun]:
 
 def status(run: PlannedRun, base: str) -> str:
     """'new', 'resume' or 'finished'; a run dir of other settings is a one-line error."""
-    from reflectrl.pipeline import enabled_stages, stages_to_run
 
-    saved = run.dir / "config.yaml"
+    saved = run.dir / CONFIG_FILE
     if not saved.is_file():
         return "new"
     config = load_config(base, run.overrides)
@@ -141,7 +142,6 @@ def share_warm_start(runs: list[PlannedRun], run: PlannedRun, base: str) -> Plan
     """Start `run` from the data and SFT of a finished run with the same warm-start settings
     (e.g. SFT-only and Reflect-RL of one seed): copies them with their stage markers, so the
     run resumes after them. Returns the donor, or None when there is none."""
-    from reflectrl.pipeline import STAGES_DIR, stage_done
 
     config = load_config(base, run.overrides)
     key = warm_start_key(config)
@@ -155,11 +155,10 @@ def share_warm_start(runs: list[PlannedRun], run: PlannedRun, base: str) -> Plan
         run.dir.mkdir(parents=True, exist_ok=True)
         for folder in ("data", "sft"):
             shutil.copytree(donor.dir / folder, run.dir / folder)
-        (run.dir / STAGES_DIR).mkdir()
         for stage in ("data", "sft"):
             marker = {**(stage_done(donor.dir, stage) or {}), "shared_from": donor.name}
-            (run.dir / STAGES_DIR / f"{stage}.json").write_text(json.dumps(marker, indent=2))
-        (run.dir / "config.yaml").write_text(dump_config(config))  # written last: now resumable
+            write_json(stage_marker(run.dir, stage), marker)
+        write_text(run.dir / CONFIG_FILE, dump_config(config))  # written last: now resumable
         return donor
     return None
 

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from reflectrl.atomic_files import atomic_path
+
 FIGSIZE = (8.0, 4.5)
 DPI = 100
 GRID_POINTS = 50
@@ -168,13 +170,11 @@ def curriculum(curves: Curves, out: Path) -> Path:
 
 
 def _save(fig: Any, out: Path) -> Path:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp.png")
-    fig.savefig(tmp, dpi=DPI)  # no bbox "tight": the size stays FIGSIZE x DPI
     import matplotlib.pyplot as plt
 
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, dpi=DPI, format="png")  # no bbox "tight": the size stays FIGSIZE x DPI
     plt.close(fig)
-    tmp.replace(out)
     return out
 
 

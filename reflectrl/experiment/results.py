@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from reflectrl.evaluation.report import BEFORE_RL_FILE
+from reflectrl.run_dir import METRICS_FILE, STAGES_DIR
 
 # Two-sided 95% quantiles of Student's t by degrees of freedom (df > 30: the normal's).
 T95 = {
@@ -74,7 +75,7 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 def curve(run_dir: Path) -> list[dict[str, Any]]:
     """The RL iterations of a run (empty for a run without RL)."""
-    path = run_dir / "metrics.jsonl"
+    path = run_dir / METRICS_FILE
     if not path.is_file():
         return []
     rows = []
@@ -88,7 +89,7 @@ def curve(run_dir: Path) -> list[dict[str, Any]]:
 
 def run_summary(run_dir: Path) -> dict[str, Any]:
     """The figures of one finished run; `finished` is False while its eval is missing."""
-    markers = {p.stem: p for p in (run_dir / "stages").glob("*.json")}
+    markers = {p.stem: p for p in (run_dir / STAGES_DIR).glob("*.json")}
     order = [s for s in PIPELINE_ORDER if s in markers] + sorted(set(markers) - set(PIPELINE_ORDER))
     stages = {name: json.loads(markers[name].read_text()) for name in order}
     eval_marker = stages.get("eval")

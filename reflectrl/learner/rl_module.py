@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -23,45 +23,64 @@ from ray.rllib.core.rl_module.apis import ValueFunctionAPI
 from ray.rllib.core.rl_module.torch import TorchRLModule
 from ray.rllib.utils.typing import StateDict
 
-from reflectrl.models.policy import MASKED_LOGIT, OptionPolicy
-from reflectrl.node_files import local_copy
+from reflectrl.config import PolicyConfig, ReflectRLConfig
+from reflectrl.models.policy import MASKED_LOGIT, build_policy
+from reflectrl.node_files import Packed, local_copy, pack_dir
 
 # Per-row column of the rollout outputs: how many optimizer steps the sampling weights had.
 WEIGHTS_VERSION = "weights_version"
 POLICY_PREFIX = "policy."
 
 
+class ModuleConfig(TypedDict):
+    """The RLModule's `model_config`: the run's validated policy section and what the driver
+    resolved from the config. JSON-able: RLlib ships it to every learner and worker."""
+
+    policy: dict[str, Any]  # PolicyConfig.model_dump(mode="json")
+    model_dir: str
+    label_token_ids: list[int]
+    seed: int
+    # The SFT adapter's files travel with the module: learners and workers on other nodes.
+    init_adapter_files: Packed | None
+
+
+def module_config(
+    config: ReflectRLConfig, model_dir: Path, label_token_ids: list[int]
+) -> ModuleConfig:
+    adapter = config.policy.init_adapter
+    return ModuleConfig(
+        policy=config.policy.model_dump(mode="json"),
+        model_dir=str(model_dir),
+        label_token_ids=list(label_token_ids),
+        seed=config.run.seed,
+        init_adapter_files=pack_dir(Path(adapter)) if adapter else None,
+    )
+
+
 class ReflectRLModule(TorchRLModule, ValueFunctionAPI):
-    """model_config keys: model_dir, label_token_ids, lora_r, lora_alpha, lora_target_modules,
-    seed, micro_batch_size, trim_padding, share_prefix, values_from_rollouts,
-    gradient_checkpointing, init_adapter (+ init_adapter_files), rollout_dtype."""
+    """model_config: a `ModuleConfig`."""
 
     def setup(self) -> None:
-        cfg = self.model_config
-        self.policy = OptionPolicy(
-            model_dir=Path(cfg["model_dir"]),
-            label_token_ids=cfg["label_token_ids"],
-            lora_r=cfg["lora_r"],
-            lora_alpha=cfg["lora_alpha"],
-            lora_target_modules=cfg["lora_target_modules"],
-            seed=cfg["seed"],
-            gradient_checkpointing=cfg.get("gradient_checkpointing", False),
-            trim_padding=cfg.get("trim_padding", True),
-            share_prefix=cfg.get("share_prefix", True),
-            # Rollout workers build the module inference-only; the learner trains in float32.
-            dtype=getattr(torch, cfg.get("rollout_dtype", "float32"))
-            if self.inference_only
-            else torch.float32,
+        cfg: ModuleConfig = self.model_config
+        settings = PolicyConfig.model_validate(cfg["policy"])
+        # Rollout workers build the module inference-only; the learner trains in float32.
+        self.policy = build_policy(
+            settings,
+            Path(cfg["model_dir"]),
+            cfg["label_token_ids"],
+            cfg["seed"],
+            for_rollouts=self.inference_only,
         )
-        if cfg.get("init_adapter"):  # then a checkpoint, if any, overrides it on restore
-            adapter = cfg["init_adapter"]
-            if cfg.get("init_adapter_files"):  # this node may not have the driver's path
+        if settings.init_adapter:  # then a checkpoint, if any, overrides it on restore
+            adapter = settings.init_adapter
+            if cfg["init_adapter_files"]:  # this node may not have the driver's path
                 adapter = local_copy(adapter, cfg["init_adapter_files"])
             self.policy.load_sft_adapter(adapter)
-        self.micro_batch_size = int(cfg["micro_batch_size"])
-        self.values_from_rollouts = bool(cfg.get("values_from_rollouts", True))
-        # Off only to measure what skipping the episodes' last observations saves.
-        self.live_rows_only = bool(cfg.get("live_rows_only", True))
+        self.micro_batch_size = settings.micro_batch_size
+        self.values_from_rollouts = settings.values_from_rollouts
+        # Off only in benchmarks/rollout_sampling.py, to measure what skipping the episodes'
+        # last observations saves.
+        self.live_rows_only = True
         # Optimizer steps applied so far (the learner counts them; workers receive it with the
         # weights). Equal versions mean equal weights, so a rollout value is the learner's.
         self.weights_version = 0

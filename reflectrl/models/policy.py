@@ -26,6 +26,7 @@ from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
+from reflectrl.config import PolicyConfig
 from reflectrl.models.loading import load_causal_lm
 
 # Logit of a label that is not on the menu now: exp() of it underflows to exactly 0, and
@@ -204,6 +205,31 @@ class OptionPolicy(nn.Module):
 
         set_peft_model_state_dict(self.lm, load_peft_weights(str(directory)))
         self.value_head.load_state_dict(torch.load(Path(directory) / "value_head.pt"))
+
+
+def build_policy(
+    settings: PolicyConfig,
+    model_dir: Path,
+    label_token_ids: Sequence[int],
+    seed: int,
+    *,
+    for_rollouts: bool,
+) -> OptionPolicy:
+    """The policy `settings` describe (the one place it is built from the config): the
+    learner's copy trains in float32; a rollout copy (sampling, evaluation) runs in
+    `settings.dtype`. Both start from the same seeded LoRA init."""
+    return OptionPolicy(
+        model_dir,
+        label_token_ids,
+        lora_r=settings.lora.r,
+        lora_alpha=settings.lora.alpha,
+        lora_target_modules=settings.lora.target_modules,
+        seed=seed,
+        gradient_checkpointing=settings.gradient_checkpointing,
+        trim_padding=settings.trim_padding,
+        share_prefix=settings.share_prefix,
+        dtype=getattr(torch, settings.dtype) if for_rollouts else torch.float32,
+    )
 
 
 def lora_config(

@@ -68,15 +68,6 @@ def pad_tokens(tokenizer: Any, ids: list[int], length: int) -> tuple[np.ndarray,
     return input_ids, attention_mask
 
 
-def encode_prompt(
-    tokenizer: Any, prompt: Prompt, max_tokens: int
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """Right-padded (input_ids, attention_mask, n_dropped) of length `max_tokens`."""
-    ids, dropped = fit_tokens(tokenizer, prompt, max_tokens)
-    input_ids, attention_mask = pad_tokens(tokenizer, ids, max_tokens)
-    return input_ids, attention_mask, dropped
-
-
 def _pad_id(tokenizer: Any) -> int:
     for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id):
         if candidate is not None:

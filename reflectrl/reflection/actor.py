@@ -23,10 +23,11 @@ from typing import Any
 
 import ray
 
+from reflectrl.atomic_files import write_text
 from reflectrl.config import ReflectionConfig
+from reflectrl.data.model_dirs import resolve_model
 from reflectrl.errors import ReflectionServerError, ReflectRLError
 from reflectrl.models.adapters import read_adapter_config, vllm_max_lora_rank
-from reflectrl.models.loading import resolve_model
 from reflectrl.node_files import Packed, local_copy, pack_dir
 from reflectrl.placement import reflection_actor_options
 from reflectrl.reflection.endpoint import ReflectionEndpoint, api_key_for
@@ -158,7 +159,7 @@ def _record_start(pgid_file: Path) -> int:
 
 
 def _write_pgid(pgid_file: Path, pgid: int | None, starts: int) -> None:
-    pgid_file.write_text(f"{pgid} {starts}\n")
+    write_text(pgid_file, f"{pgid} {starts}\n")  # whole, or the next start cannot kill it
 
 
 def replica_log(log_path: Path, index: int) -> Path:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from reflectrl.config import ReflectRLConfig
-from reflectrl.models.loading import load_tokenizer, resolve_model
+from reflectrl.data.model_dirs import resolve_model
+from reflectrl.models.loading import load_tokenizer
 from reflectrl.progress import board_reporter
 from reflectrl.reflection.endpoint import ReflectionEndpoint
 from reflectrl.rollout_workers.error_sink import error_reporter
@@ -36,9 +37,10 @@ def env_config_for(
 
 
 def make_reflection_client(
-    config: ReflectRLConfig, endpoint: ReflectionEndpoint, worker_index: int
+    config: ReflectRLConfig, endpoint: ReflectionEndpoint
 ) -> ReflectionClient:
-    """The client of rollout worker `worker_index` (>= 1; 0: the driver), on its replica."""
+    """A client of the reflection servers, on replica 0. A rollout worker's env re-seeds it and
+    moves it to the worker's replica (`ReflectRLVectorEnv.set_worker_index`)."""
     from reflectrl.reflection.actor import ReplicaLocator
     from reflectrl.reflection.client import ReflectionClient
 
@@ -50,12 +52,11 @@ def make_reflection_client(
         temperature=r.temperature,
         timeout_s=r.timeout_s,
         max_retries=r.max_retries,
-        seed=config.run.seed + worker_index,
+        seed=config.run.seed,
         api_key=endpoint.api_key,
         locate=ReplicaLocator(endpoint, r.startup_timeout_s) if endpoint.actors else None,
         cache_size=r.cache_size,
     )
-    client.use_replica(max(worker_index - 1, 0))
     return client
 
 
@@ -65,16 +66,16 @@ def make_vector_env(ctx: dict[str, Any]) -> ReflectRLVectorEnv:
             "reflectrl envs are vector envs: use gym_env_vectorize_mode='vector_entry_point'"
         )
     config = ReflectRLConfig.model_validate(ctx["reflectrl"])
-    # RLlib passes a plain dict here (no worker index): the callback's on_environment_created
-    # calls `set_worker_index` before the first reset.
-    worker_index = int(getattr(ctx, "worker_index", 0))
+    # RLlib's vector entry point passes a plain dict, without the worker index: the env starts
+    # as worker 0, and the callback's on_environment_created calls `set_worker_index` before
+    # the first reset (the one place a worker's seeds and replica are chosen).
     policy_dir = resolve_model(config.policy.model)
     tokenizer = load_tokenizer(policy_dir)
     reflector, reflection_tokenizer = None, None
     if config.reflection.enabled:
         endpoint = ReflectionEndpoint.from_dict(ctx["reflection"])
         assert endpoint is not None, "reflection is on but the driver sent no endpoint"
-        reflector = make_reflection_client(config, endpoint, worker_index)
+        reflector = make_reflection_client(config, endpoint)
         # Reflection prompts are measured in the reflection model's own tokens.
         reflection_dir = resolve_model(config.reflection.model)
         if reflection_dir != policy_dir:
@@ -84,7 +85,6 @@ def make_vector_env(ctx: dict[str, Any]) -> ReflectRLVectorEnv:
         tokenizer,
         reflector,
         num_envs=int(ctx["num_envs"]),
-        worker_index=worker_index,
         reflection_tokenizer=reflection_tokenizer,
         report_error=error_reporter(ctx.get("error_sink")),
         report_progress=board_reporter(ctx.get("progress_board")),

@@ -110,7 +110,8 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         self._stage_args: tuple[str, tuple[str, ...], float] | None = None
 
     def _seed_streams(self, worker_index: int) -> None:
-        """Every random choice derives from run.seed, the worker and the env index."""
+        """Every random choice derives from run.seed, the worker and the env index. The one
+        place a worker's streams, its reflection seed and its reflection replica are chosen."""
         seed = self.config.run.seed
         self.worker_index = worker_index
         self._reset_seeds = [hash_seed(seed, worker_index, i) for i in range(self.num_envs)]

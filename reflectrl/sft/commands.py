@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reflectrl.cli import add_config_arguments
+from reflectrl.config import add_config_arguments
 
 PLAYER_CHOICES = ("reflection", "policy", "both")
 

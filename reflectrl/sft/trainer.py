@@ -24,9 +24,11 @@ from typing import Any
 
 import torch
 
+from reflectrl.atomic_files import atomic_dir, write_json
 from reflectrl.config import LoraSettings, ReflectRLConfig
+from reflectrl.data.model_dirs import resolve_model
 from reflectrl.errors import ConfigError
-from reflectrl.models.loading import load_causal_lm, load_tokenizer, resolve_model
+from reflectrl.models.loading import load_causal_lm, load_tokenizer
 from reflectrl.sft.rows import IGNORE, Player, encode_rows, load_rows, target_of
 
 RESULT_FILE = "sft_result.json"
@@ -259,43 +261,42 @@ def train_player(
     final = out / player
     if final.exists():
         raise ConfigError(f"--out {out}: {final} already exists; choose another folder")
-    tmp = out / f".{player}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    job = build_trainer(config, data_dir, player, tmp / "trainer", progress, emit=emit)
-    trainer, seed = job.trainer, job.seed
-    sample = job.train_set.shuffle(seed=seed)
-    sample = sample.select(range(min(TRAIN_LOSS_ROWS, len(sample))))
+    # Built aside and renamed into place: `out/<player>` exists only complete.
+    with atomic_dir(final) as tmp:
+        job = build_trainer(config, data_dir, player, tmp / "trainer", progress, emit=emit)
+        trainer, seed = job.trainer, job.seed
+        sample = job.train_set.shuffle(seed=seed)
+        sample = sample.select(range(min(TRAIN_LOSS_ROWS, len(sample))))
 
-    def losses() -> dict[str, float]:
-        found = {"train": trainer.evaluate(sample)["eval_loss"]}
-        if job.eval_set is not None:
-            found["eval"] = trainer.evaluate(job.eval_set)["eval_loss"]
-        return found
+        def losses() -> dict[str, float]:
+            found = {"train": trainer.evaluate(sample)["eval_loss"]}
+            if job.eval_set is not None:
+                found["eval"] = trainer.evaluate(job.eval_set)["eval_loss"]
+            return found
 
-    before = losses()
-    started = time.perf_counter()
-    output = trainer.train()
-    seconds = time.perf_counter() - started
-    after = losses()
+        before = losses()
+        started = time.perf_counter()
+        output = trainer.train()
+        seconds = time.perf_counter() - started
+        after = losses()
 
-    shutil.rmtree(tmp / "trainer", ignore_errors=True)
-    job.model.save_pretrained(str(tmp))
-    if config.sft.method == "full":
-        job.tokenizer.save_pretrained(str(tmp))
-    result = {
-        "player": player,
-        "target": job.target,
-        "method": config.sft.method,
-        "base_model": str(job.model_dir),
-        "rows": len(job.train_set),
-        "eval_rows": 0 if job.eval_set is None else len(job.eval_set),
-        "skipped_rows": job.skipped,
-        "steps": int(output.global_step),
-        "seconds": round(seconds, 2),
-        "seed": seed,
-        "loss_before": before,
-        "loss_after": after,
-    }
-    (tmp / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(final)
+        shutil.rmtree(tmp / "trainer", ignore_errors=True)
+        job.model.save_pretrained(str(tmp))
+        if config.sft.method == "full":
+            job.tokenizer.save_pretrained(str(tmp))
+        result = {
+            "player": player,
+            "target": job.target,
+            "method": config.sft.method,
+            "base_model": str(job.model_dir),
+            "rows": len(job.train_set),
+            "eval_rows": 0 if job.eval_set is None else len(job.eval_set),
+            "skipped_rows": job.skipped,
+            "steps": int(output.global_step),
+            "seconds": round(seconds, 2),
+            "seed": seed,
+            "loss_before": before,
+            "loss_after": after,
+        }
+        write_json(tmp / RESULT_FILE, result)
     return result

@@ -22,10 +22,8 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
-import os
 import random
 import re
-import tempfile
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -34,6 +32,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
+from reflectrl.atomic_files import atomic_path
 from reflectrl.envs.auto_explore.render import file_kind, outline, render_file
 from reflectrl.envs.auto_explore.sandbox import (
     DEFAULT_MAX_READ_BYTES,
@@ -130,17 +129,9 @@ def load_tasks(path: str | Path) -> list[Task]:
 
 def write_tasks(tasks: Sequence[Task], path: str | Path) -> None:
     """Atomically (several workers may generate the same file at once)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            for task in tasks:
-                out.write(json.dumps(task.model_dump()) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(Path(path)) as tmp, tmp.open("w", encoding="utf-8") as out:
+        for task in tasks:
+            out.write(json.dumps(task.model_dump()) + "\n")
 
 
 def root_id(spec: str) -> str:

@@ -73,17 +73,16 @@ def in_process_ppo_config(
     *,
     reflection: ReflectionEndpoint | None = None,
     learner_class: type | None = None,
-    model_overrides: dict[str, Any] | None = None,
+    policy_overrides: dict[str, Any] | None = None,
 ) -> Any:
-    """The run's PPOConfig for one rollout worker. `learner_class` and `model_overrides`
-    (RLModule model_config keys) build other variants, e.g. RLlib's stock PPO learner."""
+    """The run's PPOConfig for one rollout worker. `learner_class` and `policy_overrides`
+    (`policy` settings of the config) build other variants, e.g. RLlib's stock PPO learner."""
+    if policy_overrides:
+        policy = config.policy.model_validate({**config.policy.model_dump(), **policy_overrides})
+        config = config.model_copy(update={"policy": policy})
     ppo_config = build_ppo_config(config, preflight(config), 1, reflection)
     if learner_class is not None:
         ppo_config = ppo_config.learners(learner_class=learner_class)
-    if model_overrides:
-        module_spec = ppo_config.rl_module_spec
-        module_spec.model_config = {**module_spec.model_config, **model_overrides}
-        ppo_config = ppo_config.rl_module(rl_module_spec=module_spec)
     return ppo_config
 
 
@@ -98,7 +97,7 @@ def build_in_process(
     *,
     reflection: ReflectionEndpoint | None = None,
     learner_class: type | None = None,
-    model_overrides: dict[str, Any] | None = None,
+    policy_overrides: dict[str, Any] | None = None,
 ) -> InProcess:
     """One rollout worker (index 1, `env.envs_per_worker` envs) and one learner whose module
     starts from the same weights."""
@@ -106,7 +105,7 @@ def build_in_process(
         config,
         reflection=reflection,
         learner_class=learner_class,
-        model_overrides=model_overrides,
+        policy_overrides=policy_overrides,
     )
     runner = SingleAgentEnvRunner(config=ppo_config, worker_index=1)
     learner = build_learner(ppo_config, runner.env)

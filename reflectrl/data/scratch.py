@@ -48,29 +48,29 @@ def dirname(env_name: str, arch: str = "llama") -> str:
     return f"scratch-{env_name}" if arch == "llama" else f"scratch-{arch}-{env_name}"
 
 
-def corpus(env_name: str, episodes: int | None = None) -> Iterator[str]:
+def corpus(
+    env_name: str, cache: Path, count_tokenizer: Any, episodes: int | None = None
+) -> Iterator[str]:
     """Every prompt and reflection of `episodes` (default: the env's `corpus_episodes`) seeded
     expert episodes (with mistakes) of the env's train split, at every curriculum stage, plus
     the label alphabet."""
     from reflectrl.config import ReflectRLConfig
-    from reflectrl.data.dataset import episode_steps
     from reflectrl.data.demos import demonstrator_for
+    from reflectrl.data.episodes import episode_steps
     from reflectrl.data.writers import TemplateWriter
     from reflectrl.envs.registry import get_env_spec, make_text_env
-    from reflectrl.models.loading import default_cache_dir, smollm2_tokenizer
     from reflectrl.rendering import PromptRenderer
     from reflectrl.seeding import hash_seed
 
     spec = get_env_spec(env_name)
     episodes = spec.corpus_episodes if episodes is None else episodes
-    sections = spec.corpus_config(default_cache_dir() / "corpus") if spec.corpus_config else {}
+    sections = spec.corpus_config(cache / "corpus") if spec.corpus_config else {}
     sections = {**sections, "env": {**sections.get("env", {}), "name": env_name}}
     config = ReflectRLConfig.model_validate(sections)
     config.env.shuffle_options = True  # labels in every menu position
     demo = demonstrator_for(env_name)
     env = make_text_env(env_name, {**config.env.options, "split": demo.train_split})
-    # Counting tokens only decides whether a prompt must be shortened; any tokenizer will do.
-    renderer = PromptRenderer(config, smollm2_tokenizer(default_cache_dir()), env.max_actions)
+    renderer = PromptRenderer(config, count_tokenizer, env.max_actions)
     rng = np.random.default_rng(CORPUS_SEED)
     writer = TemplateWriter()
     stages = list(env.stages)
@@ -110,9 +110,11 @@ def train_tokenizer(texts: Iterator[str], vocab_size: int = VOCAB_SIZE) -> Any:
     )
 
 
-def build(out: Path, env_name: str, arch: str = "llama") -> None:
-    """Write the env's tokenizer and a seeded random-init model over it into `out`."""
+def build(out: Path, env_name: str, arch: str, cache: Path, count_tokenizer: Any) -> None:
+    """Write the env's tokenizer and a seeded random-init model over it into `out`.
+    `count_tokenizer` only measures prompts while the corpus is rendered (any will do); the
+    env's corpus config is cached under `cache`."""
     from reflectrl.models.loading import save_random_gpt2, save_random_llama
 
     save = save_random_llama if arch == "llama" else save_random_gpt2
-    save(train_tokenizer(corpus(env_name)), out)
+    save(train_tokenizer(corpus(env_name, cache, count_tokenizer)), out)

@@ -1,0 +1,84 @@
+"""The run directory: where each file of a run lives, and what a run has done so far.
+
+    RUN/config.yaml          the validated config (written first; `--resume` reads it)
+    RUN/data/                the SFT data set (`reflectrl data`)
+    RUN/sft/<player>/        the SFT players (`reflectrl sft`)
+    RUN/metrics.jsonl        one row per RL iteration (appended; cut back on resume)
+    RUN/checkpoints/         iter_<n>/ folders and `latest`, the name of the newest whole one
+    RUN/eval_*.json          held-out evaluations
+    RUN/stages/<stage>.json  one marker per finished stage, with its summary
+
+Every file in it is written through reflectrl/atomic_files.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from reflectrl.config import ReflectRLConfig
+from reflectrl.errors import ConfigError
+
+CONFIG_FILE = "config.yaml"
+DATA_DIR = "data"
+SFT_DIR = "sft"
+METRICS_FILE = "metrics.jsonl"
+CHECKPOINTS_DIR = "checkpoints"
+STAGES_DIR = "stages"
+# What makes a folder a run (one of them is enough): `launch` refuses to start over it.
+RUN_MARKERS = (CONFIG_FILE, METRICS_FILE, CHECKPOINTS_DIR, STAGES_DIR)
+
+
+def stage_marker(run_dir: Path, stage: str) -> Path:
+    return run_dir / STAGES_DIR / f"{stage}.json"
+
+
+def enabled_stages(config: ReflectRLConfig) -> list[str]:
+    stages = ["data", "sft"] if config.sft.enabled else []
+    stages += ["rl"] if config.rl.enabled else []
+    stages += ["eval"] if config.eval.enabled else []
+    if not stages:
+        raise ConfigError("sft.enabled, rl.enabled and eval.enabled are all false: nothing to run")
+    return stages
+
+
+def stage_done(run_dir: Path, stage: str) -> dict[str, Any] | None:
+    marker = stage_marker(run_dir, stage)
+    return json.loads(marker.read_text()) if marker.is_file() else None
+
+
+def stages_to_run(config: ReflectRLConfig, run_dir: Path, stages: list[str]) -> list[str]:
+    """The stages without a marker, and every stage after the first of them (their inputs
+    change). RL is unfinished while it has fewer iterations than `run.iterations` (a resume
+    with a larger `--iterations` continues it)."""
+    for i, stage in enumerate(stages):
+        done = stage_done(run_dir, stage)
+        if done is None or (stage == "rl" and done["iterations"] < config.run.iterations):
+            return stages[i:]
+    return []
+
+
+def sft_players(config: ReflectRLConfig) -> list[str]:
+    """The players the sft stage trains: the reflection model only when RL serves it locally
+    (a `reflection.server: url` model is the user's to train and name)."""
+    r = config.reflection
+    return (["reflection"] if r.enabled and r.server == "local" else []) + ["policy"]
+
+
+def rl_config(config: ReflectRLConfig, run_dir: Path) -> ReflectRLConfig:
+    """The config RL and eval run with: the players start from this run's SFT outputs."""
+    if not config.sft.enabled:
+        return config
+    derived = config.model_copy(deep=True)
+    sft = run_dir / SFT_DIR
+    serve_reflection = "reflection" in sft_players(config)
+    if config.sft.method == "lora":
+        derived.policy.init_adapter = str(sft / "policy")
+        if serve_reflection:
+            derived.reflection.adapter = str(sft / "reflection")
+    else:  # full: the SFT'd models are the base models (RL puts a fresh LoRA on the policy)
+        derived.policy.model = str(sft / "policy")
+        if serve_reflection:
+            derived.reflection.model = str(sft / "reflection")
+    return derived

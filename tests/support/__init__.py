@@ -1,0 +1,1 @@
+"""Helpers used only by the tests and the benchmarks."""
