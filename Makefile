@@ -61,10 +61,8 @@ smoke: install
 # module stays in one process unless it says XDIST_SPREAD (tests/conftest.py).
 TEST_PROCESSES ?= 2
 
-# Tests marked `alone` (bitwise resume) run afterwards, with the machine to themselves.
 test: install
-	$(BIN)/python -m pytest -q -ra -n $(TEST_PROCESSES) --dist loadgroup -m "not alone" $(ARGS)
-	$(BIN)/python -m pytest -q -ra -m alone $(ARGS)
+	$(BIN)/python -m pytest -q -ra -n $(TEST_PROCESSES) --dist loadgroup $(ARGS)
 
 lint: install
 	$(BIN)/ruff check reflectrl tests benchmarks

@@ -13,7 +13,7 @@ from typing import Any
 
 import ray
 from ray.rllib.algorithms.ppo import PPO, PPOConfig
-from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE
+from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.utils.metrics import (
     ALL_MODULES,
@@ -83,7 +83,18 @@ class ReflectRLPPO(PPO):
 
     def training_step(self) -> None:
         if self.config.max_staleness == 0:
-            return super().training_step()
+            super().training_step()
+            # PPO ends with RLlib's `sync_weights`, which drops a worker's sync while it still
+            # counts that worker's previous one as in flight (one request per worker and tag,
+            # looked up without waiting). On a loaded machine the previous reply is often not
+            # in yet: the worker would sample the next batch with the weights of the update
+            # before, and a run would depend on timing. So every worker is sent the weights
+            # again, unconditionally; it applies them before its next sample call (an actor
+            # runs its calls in order). `tests/test_launch_e2e.py` pins both halves.
+            self._modules_to_sync = {DEFAULT_MODULE_ID}
+            self._updates += 1
+            self._send_weights()
+            return
         group = self.env_runner_group
         with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
             if not self._in_flight:  # the first iteration (or every worker had failed)

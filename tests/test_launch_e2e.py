@@ -199,8 +199,22 @@ def test_weights_and_stage_reach_every_worker(
             lambda runner: runner.env.unwrapped.stage, local_env_runner=False
         )
         assert stages == ["dropoff", "dropoff"]
+
+        # A loaded machine, made deterministic: the reply to each worker's last weight sync
+        # has not been seen yet. RLlib then drops the next sync to that worker (at most one
+        # request in flight per worker and tag)...
+        manager = group._worker_manager
+        for actor_id in manager.actor_ids():
+            manager._remote_actor_states[actor_id].increment_requests("set_state")
+        assert manager.foreach_actor_async(lambda runner: None, tag="set_state") == 0
+        before = learner
         row = run.train_iteration()
         assert row["stage"] == "dropoff"
+        learner = learner_logits()
+        assert not torch.allclose(before, learner)
+        # ...and the iteration's weights reach every worker anyway (ReflectRLPPO.training_step).
+        for worker_logits in group.foreach_env_runner(logits_on_runner, local_env_runner=False):
+            np.testing.assert_allclose(worker_logits, learner.numpy(), atol=1e-6)
     finally:
         run.close()
 
