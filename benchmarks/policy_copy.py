@@ -1,0 +1,183 @@
+"""Is the policy's trunk what stops it from following the reflection? Policy trunks of several
+shapes are trained, supervised, on the policy rows of one `reflectrl data` folder, and scored on
+its held-out rows (the episodes SFT keeps for its eval loss) every `--every` steps.
+
+The objective is the policy's own: the LM's logits of the menu's labels at the last position,
+a softmax over them (option scoring), cross-entropy against the expert's label. The prompts
+are the data's, with the expert's reflection in them; where that reflection quotes the taught
+command, answering is a copy (benchmarks/sft_policy_accuracy.py measures a run's SFT policy
+the same way). Equal steps, equal batch, one seed: trunks differ only in shape.
+
+Trunks: `recipe` is the config's `policy.model` as built (`scratch:<env>`: 2 layers x 128,
+2 heads, RoPE); `llama_2x128_4h` splits the same width into 4 heads; `llama_4x128` doubles the
+depth; `gpt2` is the recipe's size with learned absolute positions.
+
+    python -m benchmarks.policy_copy --data DIR [--config configs/auto_explore_cpu.yaml]
+        [--trunk recipe ...] [--steps 500] [--every 100] [--name FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import build_trunk, print_table, write_results
+
+REPO = Path(__file__).resolve().parents[1]
+TRUNKS = ("recipe", "llama_2x128_4h", "llama_4x128", "gpt2")
+BATCH = 32
+QUOTED = re.compile(r' "([^"]+)"')
+
+
+def unquote_reflection(prompt: str) -> str:
+    """The prompt with the reflection's quoted commands unquoted (` "cat a.py"` -> ` cat a.py`):
+    the command's first word then gets the token the menu gives it (a word after a space), not
+    the one it gets glued to a quote mark."""
+    head, _, rest = prompt.rpartition(" # Analyze:")
+    reflection, _, menu = rest.partition("Valid actions:")
+    unquoted = QUOTED.sub(r" \1", reflection)
+    return f"{head} # Analyze:{unquoted}Valid actions:{menu}"
+
+
+def policy_rows(
+    data: Path, split: str, tokenizer: Any, labels: str, unquoted: bool = False
+) -> list[tuple[list[int], int, int]]:
+    """(prompt ids, menu length, taught label's index) of every policy row of `split`."""
+    rows = []
+    for line in (data / "data.jsonl").open():
+        row = json.loads(line)
+        if row["target"] != "sft_policy" or row["split"] != split:
+            continue
+        menu = row["prompt"].rsplit("Valid actions:\n", 1)[1].count("\n") + 1
+        prompt = unquote_reflection(row["prompt"]) if unquoted else row["prompt"]
+        ids = tokenizer.encode(prompt, add_special_tokens=False)
+        rows.append((ids, menu, labels.index(row["completion"])))
+    return rows
+
+
+def batch_logits(trunk: Any, rows: list[Any], label_ids: Any, pad: int) -> tuple[Any, Any]:
+    """Label logits at each row's last position (labels past its menu masked out), and the
+    taught labels."""
+    import torch
+
+    width = max(len(ids) for ids, _, _ in rows)
+    x = torch.full((len(rows), width), pad)
+    for i, (ids, _, _) in enumerate(rows):
+        x[i, : len(ids)] = torch.tensor(ids)
+    last = torch.tensor([len(ids) - 1 for ids, _, _ in rows])
+    out = trunk(input_ids=x, attention_mask=(x != pad).long()).logits
+    scores = out[torch.arange(len(rows)), last][:, label_ids]
+    menus = torch.tensor([menu for _, menu, _ in rows])
+    scores = scores.masked_fill(torch.arange(len(label_ids))[None] >= menus[:, None], -1e9)
+    return scores, torch.tensor([taught for _, _, taught in rows])
+
+
+def accuracy(trunk: Any, rows: list[Any], label_ids: Any, pad: int) -> float:
+    import torch
+
+    hits = 0
+    with torch.no_grad():
+        for i in range(0, len(rows), 64):
+            scores, taught = batch_logits(trunk, rows[i : i + 64], label_ids, pad)
+            hits += int((scores.argmax(-1) == taught).sum())
+    return hits / len(rows)
+
+
+def learning_curve(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from reflectrl.config import load_config
+    from reflectrl.data.model_dirs import resolve_model
+    from reflectrl.models.loading import load_tokenizer
+    from reflectrl.models.tokens import label_token_ids
+    from reflectrl.prompts import ACTION_MARKER
+
+    config = load_config(args.config)
+    model_dir = resolve_model(config.policy.model)
+    tokenizer = load_tokenizer(model_dir)
+    labels = config.policy.labels
+    label_ids = torch.tensor(label_token_ids(tokenizer, labels, ACTION_MARKER))
+    train = policy_rows(args.data, "train", tokenizer, labels, args.unquoted)
+    held_out = policy_rows(args.data, "eval", tokenizer, labels, args.unquoted)
+    pad = tokenizer.pad_token_id
+    trunk = build_trunk(name, model_dir, len(tokenizer))
+    optimizer = torch.optim.AdamW(trunk.parameters(), lr=args.lr)
+    draw = torch.Generator().manual_seed(0)
+    curve, started = [], time.perf_counter()
+    for step in range(1, args.steps + 1):
+        picks = torch.randint(len(train), (BATCH,), generator=draw).tolist()
+        scores, taught = batch_logits(trunk, [train[i] for i in picks], label_ids, pad)
+        loss = torch.nn.functional.cross_entropy(scores, taught)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % args.every == 0 or step == args.steps:
+            point = {"step": step, "loss": round(float(loss), 4),
+                     "held_out": accuracy(trunk, held_out, label_ids, pad),
+                     "train_s": round(time.perf_counter() - started)}  # fmt: skip
+            curve.append(point)
+            print(f"{name}: step {step}, loss {point['loss']:.3f}, held-out "
+                  f"{point['held_out']:.3f}, {point['train_s']} s", file=sys.stderr)  # fmt: skip
+    chance = sum(1 / menu for _, menu, _ in held_out) / len(held_out)
+    # The menu is in the env's order, so one label is taught far more often than the rest: a
+    # trunk that answers it always scores this much without reading the reflection.
+    taught = [t for _, _, t in train]
+    majority = max(set(taught), key=taught.count)
+    majority_held_out = sum(t == majority for _, _, t in held_out) / len(held_out)
+    return {
+        "trunk": name,
+        "reflection_quotes": not args.unquoted,
+        "params": sum(p.numel() for p in trunk.parameters()),
+        "train_rows": len(train),
+        "held_out_rows": len(held_out),
+        "chance": chance,
+        "majority_label": majority_held_out,
+        "best_held_out": max(p["held_out"] for p in curve),
+        "final_held_out": curve[-1]["held_out"],
+        "seconds": curve[-1]["train_s"],
+        "curve": curve,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, required=True, help="a `reflectrl data` folder")
+    parser.add_argument("--config", type=Path, default=REPO / "configs" / "auto_explore_cpu.yaml",
+                        help="the config that made the data (labels, policy.model)")  # fmt: skip
+    parser.add_argument("--trunk", action="append", choices=TRUNKS, help="default: all")
+    parser.add_argument("--steps", type=int, default=500, help="supervised steps per trunk")
+    parser.add_argument("--every", type=int, default=100, help="score every this many steps")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--unquoted", action="store_true", help="unquote the reflections' commands")
+    parser.add_argument("--name", default="policy_copy", help="results file name")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    command = "python -m benchmarks.policy_copy " + " ".join(sys.argv[1:])
+    rows: list[dict[str, Any]] = []
+    for trunk in args.trunk or TRUNKS:  # results written after each trunk: a long grid keeps them
+        rows.append(learning_curve(trunk, args))
+        payload = {"command": command.strip(), "data": str(args.data), "rows": rows,
+                   "wall_s": round(time.perf_counter() - started)}  # fmt: skip
+        path = write_results(args.name, payload)
+    print_table(
+        rows,
+        [
+            "trunk",
+            "params",
+            "chance",
+            "majority_label",
+            "best_held_out",
+            "final_held_out",
+            "seconds",
+        ],
+    )
+    print(path)
+
+
+if __name__ == "__main__":
+    main()
