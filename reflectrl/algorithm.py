@@ -138,24 +138,29 @@ class ReflectRLPPO(PPO):
         if self._synced == self._updates:
             return
         with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
-            modules = [
-                f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{m}" for m in self._modules_to_sync
-            ]
-            state = self.learner_group.get_state(components=modules, inference_only=True)
-            learner = state[COMPONENT_LEARNER]
-            weights = {
-                k: v for k, v in learner.items() if k in (COMPONENT_RL_MODULE, WEIGHTS_SEQ_NO)
-            }
-            # Fire and forget, to every worker: each applies them before the batch it is sent
-            # next. (RLlib's `sync_weights` skips a worker whose previous sync it has not yet
-            # seen answered, which left some rows of a batch on older weights.)
-            self.env_runner_group.foreach_env_runner(
-                "set_state",
-                kwargs={"state": ray.put(weights)},
-                local_env_runner=False,
-                timeout_seconds=0.0,
-            )
+            self.push_weights(self._modules_to_sync)
         self._synced = self._updates
+
+    def push_weights(self, modules: set[str] | None = None) -> None:
+        """Send the learner's weights of `modules` (default: the policy) to every worker, fire
+        and forget: each applies them before the next call it is sent. (RLlib's `sync_weights`
+        skips a worker whose previous sync it has not yet seen answered, after an update and
+        after a restore alike.)"""
+        paths = [
+            f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{m}" for m in modules or {DEFAULT_MODULE_ID}
+        ]
+        learner = self.learner_group.get_state(components=paths, inference_only=True)
+        weights = {
+            k: v
+            for k, v in learner[COMPONENT_LEARNER].items()
+            if k in (COMPONENT_RL_MODULE, WEIGHTS_SEQ_NO)
+        }
+        self.env_runner_group.foreach_env_runner(
+            "set_state",
+            kwargs={"state": ray.put(weights)},
+            local_env_runner=False,
+            timeout_seconds=0.0,
+        )
 
     def _start_sampling(self) -> None:
         self._in_flight = self.env_runner_group.foreach_env_runner_async(

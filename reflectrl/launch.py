@@ -322,6 +322,7 @@ class Run:
 
     def _restore(self, checkpoint: Path) -> None:
         self.algo.restore_from_path(str((checkpoint / "rllib").resolve()))  # not a URI
+        self.algo.push_weights()  # RLlib's own sync after a restore may skip a busy worker
         state = read_state(checkpoint)
         self.iteration = int(state["iteration"])
         self.adapter_version = int(state["adapter_version"])

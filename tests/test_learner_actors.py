@@ -88,7 +88,10 @@ def train_and_check_sync(run: Any, learners: int, iterations: int) -> dict[str, 
     return after
 
 
-def test_one_learner_actor_trains_syncs_checkpoints_and_resumes(ray4: Any, tmp_path: Path) -> None:
+def test_one_learner_actor_trains_syncs_checkpoints_and_resumes(
+    ray4: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from reflectrl.algorithm import ReflectRLPPO
     from reflectrl.checkpoints import latest_checkpoint
     from reflectrl.launch import Run
     from reflectrl.models.adapters import adapter_weights
@@ -109,10 +112,22 @@ def test_one_learner_actor_trains_syncs_checkpoints_and_resumes(ray4: Any, tmp_p
         key = "policy.lm." + name.replace(".weight", ".default.weight")
         np.testing.assert_array_equal(tensor.numpy(), after[key], err_msg=name)
 
+    # A loaded machine, made deterministic: when RLlib syncs the restored weights, the reply to
+    # each worker's previous sync has not been seen yet, so RLlib skips the worker...
+    restore = ReflectRLPPO.restore_from_path
+
+    def restore_while_replies_are_out(algo: Any, path: Any, *args: Any, **kwargs: Any) -> None:
+        manager = algo.env_runner_group._worker_manager
+        for actor_id in manager.actor_ids():
+            manager._remote_actor_states[actor_id].increment_requests("set_state")
+        restore(algo, path, *args, **kwargs)
+
+    monkeypatch.setattr(ReflectRLPPO, "restore_from_path", restore_while_replies_are_out)
     resumed = Run(config, run_dir, workers=1)
     try:
         resumed.start(checkpoint)
         assert_states_equal(resumed.module_state(), after)
+        # ...and the worker holds the restored weights anyway (`Run._restore` pushes them).
         assert_states_equal(worker_states(resumed)[0], after)
         row = resumed.train_iteration()
     finally:
