@@ -91,9 +91,7 @@ class ReflectRLPPO(PPO):
             # before, and a run would depend on timing. So every worker is sent the weights
             # again, unconditionally; it applies them before its next sample call (an actor
             # runs its calls in order). `tests/test_launch_e2e.py` pins both halves.
-            self._modules_to_sync = {DEFAULT_MODULE_ID}
-            self._updates += 1
-            self._send_weights()
+            self.push_weights()
             return
         group = self.env_runner_group
         with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
