@@ -26,7 +26,7 @@ TIME_SPLIT = ("env_worker_s", "reflection_worker_s", "policy_worker_s")
 def measure(config_path: str, overrides: list[str], workers: int, iterations: int) -> dict:
     import ray
 
-    from reflectrl.launch import Run
+    from reflectrl.rl.driver import Run
 
     config = load_config(config_path, [*overrides, f"run.iterations={iterations}"])
     ray.init(address="local", num_cpus=workers + 1, include_dashboard=False, log_to_driver=False)

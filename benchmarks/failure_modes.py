@@ -49,14 +49,13 @@ def load_players(run: Path, after_rl: bool) -> Players:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from reflectrl.checkpoints import latest_checkpoint
     from reflectrl.config import load_config
     from reflectrl.data.model_dirs import resolve_model
     from reflectrl.envs.taxi import ACTIONS
     from reflectrl.models.loading import load_tokenizer
     from reflectrl.models.policy import OptionPolicy
-    from reflectrl.rendering import PromptRenderer
-    from reflectrl.run_dir import rl_config
+    from reflectrl.run_dir import latest_checkpoint, rl_config
+    from reflectrl.text.rendering import PromptRenderer
 
     config = rl_config(load_config(run / "config.yaml", []), run)
     model_dir = resolve_model(config.policy.model)

@@ -37,7 +37,7 @@ def pickup_rows(tokenizer: Any, split: str, overrides: list[str]) -> tuple[Any, 
 
     from reflectrl.config import load_config
     from reflectrl.envs.taxi import expert_action
-    from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
+    from reflectrl.rollout.vector_env import ReflectRLVectorEnv
 
     overrides = ["reflection.enabled=false", "env.shuffle_options=false",
                  f"env.options.split={split}", *overrides]  # fmt: skip

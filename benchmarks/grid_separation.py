@@ -32,7 +32,7 @@ def measure(model: str, probe_steps: int) -> dict[str, Any]:
     from reflectrl.envs.taxi import ACTIONS, expert_action
     from reflectrl.models.loading import load_tokenizer
     from reflectrl.models.policy import OptionPolicy
-    from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
+    from reflectrl.rollout.vector_env import ReflectRLVectorEnv
 
     config = load_config(REPO / "configs" / "cpu.yaml", ["reflection.enabled=false"])
     model_dir = resolve_model(model)

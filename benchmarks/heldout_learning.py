@@ -50,9 +50,9 @@ def main() -> None:
     except ImportError:  # commits before the evaluation package
         from reflectrl.evaluate import evaluate  # type: ignore[no-redef]
     from reflectrl.data.model_dirs import resolve_model
-    from reflectrl.launch import Run
     from reflectrl.models.loading import load_tokenizer
-    from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
+    from reflectrl.rl.driver import Run
+    from reflectrl.rollout.vector_env import ReflectRLVectorEnv
     from tests.support.policy_copy import policy_copy
 
     config = load_config(REPO / "configs" / "smoke.yaml", [*OVERRIDES, f"run.seed={args.seed}"])
@@ -90,7 +90,7 @@ def main() -> None:
                                          "episode_return_mean")}
                 )  # fmt: skip
                 print(json.dumps(curve[-1]), flush=True)
-            policy.load_trainable_state(run.policy_state())
+            policy.load_trainable_state(run.algo.policy_state())
             after = held_out_success(policy)
         finally:
             run.close()

@@ -20,11 +20,11 @@ from benchmarks.common import print_table, write_results
 def one_update(model: str, batch: int, tokens: int, checkpointing: bool) -> dict:
     import torch
 
-    from reflectrl import prompts
     from reflectrl.data.model_dirs import resolve_model
     from reflectrl.models.loading import load_tokenizer
     from reflectrl.models.policy import OptionPolicy
-    from reflectrl.models.tokens import label_token_ids
+    from reflectrl.text import prompts
+    from reflectrl.text.tokens import label_token_ids
 
     model_dir = resolve_model(model)
     labels = label_token_ids(load_tokenizer(model_dir), "123456", prompts.ACTION_MARKER)

@@ -99,7 +99,7 @@ def run_variant(name: str, path: Path, overrides: list[str]) -> dict[str, Any]:
 
     from reflectrl.data.model_dirs import resolve_model
     from reflectrl.models.loading import load_tokenizer
-    from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
+    from reflectrl.rollout.vector_env import ReflectRLVectorEnv
     from tests.support.in_process import build_learner, in_process_ppo_config, ppo_update
 
     config = default_config(overrides)

@@ -94,8 +94,8 @@ def learning_curve(name: str, args: argparse.Namespace) -> dict[str, Any]:
     from reflectrl.config import load_config
     from reflectrl.data.model_dirs import resolve_model
     from reflectrl.models.loading import load_tokenizer
-    from reflectrl.models.tokens import label_token_ids
-    from reflectrl.prompts import ACTION_MARKER
+    from reflectrl.text.prompts import ACTION_MARKER
+    from reflectrl.text.tokens import label_token_ids
 
     config = load_config(args.config)
     model_dir = resolve_model(config.policy.model)

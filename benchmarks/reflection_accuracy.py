@@ -34,7 +34,6 @@ def measure(run: Path, split: str, max_tokens: int) -> list[dict[str, Any]]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from reflectrl import prompts
     from reflectrl.config import load_config
     from reflectrl.envs.taxi import (
         ACTIONS,
@@ -43,6 +42,7 @@ def measure(run: Path, split: str, max_tokens: int) -> list[dict[str, Any]]:
         actions_to_success,
         expert_action,
     )
+    from reflectrl.text import prompts
 
     config = load_config(run / "config.yaml", [])
     model_dir = run / "sft" / "reflection"

@@ -41,7 +41,7 @@ def child(args: argparse.Namespace) -> None:
     import ray
 
     from reflectrl.config import load_config
-    from reflectrl.launch import Run
+    from reflectrl.rl.driver import Run
 
     run_dir = Path(args.from_run)
     overrides = [

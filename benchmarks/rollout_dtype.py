@@ -35,12 +35,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 def policy_rows(model: str, rows: int, seed: int = 0) -> tuple[Any, list[int], dict[str, Any]]:
     """(model dir, label token ids, {input_ids, attention_mask, option_mask} of `rows` rows)."""
-    from reflectrl import prompts
     from reflectrl.config import load_config
     from reflectrl.data.model_dirs import resolve_model
     from reflectrl.models.loading import load_tokenizer
-    from reflectrl.models.tokens import label_token_ids
-    from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
+    from reflectrl.rollout.vector_env import ReflectRLVectorEnv
+    from reflectrl.text import prompts
+    from reflectrl.text.tokens import label_token_ids
 
     overrides = [f"policy.model={model}", "reflection.enabled=false", f"run.seed={seed}"]
     config = load_config(REPO / "configs" / "gpu.yaml", overrides)

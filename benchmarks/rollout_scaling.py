@@ -27,7 +27,7 @@ SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
 def measure(workers: int, iterations: int, reflection: bool) -> dict[str, Any]:
     import ray
 
-    from reflectrl.launch import Run
+    from reflectrl.rl.driver import Run
 
     config = load_config(
         SMOKE,

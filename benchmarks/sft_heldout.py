@@ -59,10 +59,10 @@ def main() -> None:
 
     import ray
 
+    from reflectrl.cluster.ray_init import init_ray
     from reflectrl.config import load_config
     from reflectrl.evaluation.commands import evaluate_with
     from reflectrl.evaluation.runner import PolicySource
-    from reflectrl.ray_cluster import init_ray
 
     base = load_config(run / "config.yaml")
     sft = {s: json.loads((run / "stages" / f"{s}.json").read_text()) for s in ("data", "sft")}

@@ -20,8 +20,8 @@ import torch
 from benchmarks.common import print_table, write_results
 from reflectrl.config import load_config
 from reflectrl.models.loading import load_causal_lm, load_tokenizer
-from reflectrl.models.tokens import label_token_ids
-from reflectrl.prompts import ACTION_MARKER
+from reflectrl.text.prompts import ACTION_MARKER
+from reflectrl.text.tokens import label_token_ids
 
 QUOTED = re.compile(r'"([^"]+)"')
 

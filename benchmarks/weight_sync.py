@@ -14,12 +14,12 @@ import numpy as np
 import torch
 
 from benchmarks.common import print_table, write_results
-from reflectrl import prompts
 from reflectrl.config import load_config
 from reflectrl.data.model_dirs import resolve_model
-from reflectrl.learner.rl_module import ReflectRLModule, module_config, state_nbytes
 from reflectrl.models.loading import load_tokenizer
-from reflectrl.models.tokens import label_token_ids
+from reflectrl.rl.rl_module import ReflectRLModule, module_config, state_nbytes
+from reflectrl.text import prompts
+from reflectrl.text.tokens import label_token_ids
 
 
 def build(spec: str) -> ReflectRLModule:

@@ -9,6 +9,7 @@ from-scratch models that learn Taxi on a laptop) otherwise (`machine_recipe`).
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,7 +29,7 @@ class EnvConfig(Strict):
     envs_per_worker: int = Field(4, ge=1)
     shuffle_options: bool = False  # shuffle menu labels per step (no learning label positions)
     # Reset an env whose episode ended on a background thread while the worker waits on the
-    # reflection server and the policy (rollout_workers/reset_prefetch.py); same results.
+    # reflection server and the policy (rollout/reset_prefetch.py); same results.
     prefetch_resets: bool = True
     max_prompt_tokens: int = Field(384, ge=32)  # fixed observation length (right-padded)
 
@@ -212,6 +213,16 @@ class CurriculumConfig(Strict):
     # After the first stage, this share of the episodes replays a stage already passed (drawn
     # uniformly), so RL in `full` does not unlearn `pickup`; they do not count toward the bar.
     review: float = Field(0.0, ge=0, lt=1)
+
+    def stages_of(self, env_stages: Sequence[str]) -> list[StageConfig]:
+        """The stages the curriculum runs through (the env's own when none are listed); a
+        stage the env does not have is a config error."""
+        unknown = [s.name for s in self.stages if s.name not in env_stages]
+        if unknown:
+            raise ConfigError(
+                f"curriculum.stages: unknown stage {unknown[0]!r}; valid: {', '.join(env_stages)}"
+            )
+        return self.stages or [StageConfig(name=s) for s in env_stages]
 
 
 class RunConfig(Strict):

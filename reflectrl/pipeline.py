@@ -22,17 +22,17 @@ from typing import Any
 import ray
 
 from reflectrl.atomic_files import write_json, write_text
-from reflectrl.checkpoints import latest_checkpoint
+from reflectrl.cluster.node_files import Packed, pack_dir, unpack_dir
+from reflectrl.cluster.ray_init import init_ray
 from reflectrl.config import ReflectRLConfig, dump_config, load_config
 from reflectrl.errors import ConfigError, ReflectRLError
-from reflectrl.node_files import Packed, pack_dir, unpack_dir
 from reflectrl.preflight import check_run, preflight
-from reflectrl.ray_cluster import init_ray
 from reflectrl.reflection.actor import ReflectionServers
 from reflectrl.run_dir import (
     CONFIG_FILE,
     RUN_MARKERS,
     enabled_stages,
+    latest_checkpoint,
     rl_config,
     sft_players,
     stage_marker,
@@ -195,7 +195,7 @@ def ray_result(ref: Any) -> Any:
 
 
 def rl_stage(ctx: StageContext) -> dict[str, Any]:
-    from reflectrl.launch import train
+    from reflectrl.rl.driver import train
 
     config = rl_config(ctx.config, ctx.run_dir)
     run = train(config, ctx.run_dir, ctx.workers, ctx.resume_from, ctx.servers)

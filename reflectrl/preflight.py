@@ -5,9 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from reflectrl import prompts
 from reflectrl.config import ReflectRLConfig
-from reflectrl.coordinator import Curriculum
 from reflectrl.data.model_dirs import resolve_model
 from reflectrl.envs.registry import env_splits, make_text_env
 from reflectrl.errors import ConfigError
@@ -18,7 +16,8 @@ from reflectrl.models.adapters import (
     read_adapter_config,
 )
 from reflectrl.models.loading import load_tokenizer
-from reflectrl.models.tokens import label_token_ids
+from reflectrl.text import prompts
+from reflectrl.text.tokens import label_token_ids
 
 
 @dataclass(frozen=True)
@@ -34,7 +33,7 @@ def preflight(config: ReflectRLConfig) -> PolicySpec:
     model_dir = resolve_model(config.policy.model)
     tokenizer = load_tokenizer(model_dir)
     env = make_text_env(config.env.name, config.env.options)
-    Curriculum(config.curriculum, env.stages)  # unknown stage names fail here
+    config.curriculum.stages_of(env.stages)  # unknown stage names fail here
     splits = env_splits(config.env.name)
     for split in config.eval.extra_splits:
         if split not in splits:
@@ -84,7 +83,7 @@ def check_run(config: ReflectRLConfig, workers: int) -> PolicySpec:
     r = config.reflection
     if r.enabled and r.server == "url":
         from reflectrl.reflection.endpoint import ReflectionEndpoint
-        from reflectrl.rollout_workers.runner_env import make_reflection_client
+        from reflectrl.rollout.env_creator import make_reflection_client
 
         if not make_reflection_client(config, ReflectionEndpoint.external(r)).health():
             raise ConfigError(

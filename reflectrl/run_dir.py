@@ -4,7 +4,8 @@
     RUN/data/                the SFT data set (`reflectrl data`)
     RUN/sft/<player>/        the SFT players (`reflectrl sft`)
     RUN/metrics.jsonl        one row per RL iteration (appended; cut back on resume)
-    RUN/checkpoints/         iter_<n>/ folders and `latest`, the name of the newest whole one
+    RUN/checkpoints/         iter_<n>/ folders and `latest`, the name of the newest whole one;
+                             the final policy is `latest`'s adapter/ (after RL), else sft/policy
     RUN/eval_*.json          held-out evaluations
     RUN/stages/<stage>.json  one marker per finished stage, with its summary
 
@@ -14,8 +15,9 @@ Every file in it is written through reflectrl/atomic_files.py.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from reflectrl.config import ReflectRLConfig
 from reflectrl.errors import ConfigError
@@ -26,12 +28,24 @@ SFT_DIR = "sft"
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS_DIR = "checkpoints"
 STAGES_DIR = "stages"
+CHECKPOINT_STATE_FILE = "reflectrl_state.json"  # written last into a checkpoint's folder
+LATEST_CHECKPOINT = "latest"  # in CHECKPOINTS_DIR: names the newest whole checkpoint
 # What makes a folder a run (one of them is enough): `launch` refuses to start over it.
 RUN_MARKERS = (CONFIG_FILE, METRICS_FILE, CHECKPOINTS_DIR, STAGES_DIR)
 
 
 def stage_marker(run_dir: Path, stage: str) -> Path:
     return run_dir / STAGES_DIR / f"{stage}.json"
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    pointer = run_dir / CHECKPOINTS_DIR / LATEST_CHECKPOINT
+    if not pointer.is_file():
+        return None
+    path = run_dir / CHECKPOINTS_DIR / pointer.read_text().strip()
+    if not (path / CHECKPOINT_STATE_FILE).is_file():
+        raise ConfigError(f"checkpoint {path} is incomplete; point checkpoints/latest at another")
+    return path
 
 
 def enabled_stages(config: ReflectRLConfig) -> list[str]:
@@ -82,3 +96,30 @@ def rl_config(config: ReflectRLConfig, run_dir: Path) -> ReflectRLConfig:
         if serve_reflection:
             derived.reflection.model = str(sft / "reflection")
     return derived
+
+
+@dataclass(frozen=True)
+class FinalPolicy:
+    """Where a finished run's policy is: the latest checkpoint's adapter (after RL), the SFT
+    adapter (SFT only, LoRA), or the base model itself (SFT only, full: `path` is None, the
+    run's derived config names the model)."""
+
+    kind: Literal["checkpoint_adapter", "sft_adapter", "model"]
+    path: Path | None
+
+
+def final_policy(run_dir: Path, config: ReflectRLConfig) -> FinalPolicy:
+    """A one-line error when the run has no finished policy yet."""
+    final = "rl" if config.rl.enabled else "sft" if config.sft.enabled else None
+    if final is None or stage_done(run_dir, final) is None:
+        raise ConfigError(
+            f"--run {run_dir}: no finished policy (stage {final or 'rl'} has not finished); "
+            f"finish it with `reflectrl launch --resume {run_dir}` or pass --adapter"
+        )
+    if final == "rl":
+        checkpoint = latest_checkpoint(run_dir)
+        assert checkpoint is not None  # the rl stage ends with a checkpoint
+        return FinalPolicy("checkpoint_adapter", checkpoint / "adapter")
+    if config.sft.method == "lora":
+        return FinalPolicy("sft_adapter", run_dir / SFT_DIR / "policy")
+    return FinalPolicy("model", None)

@@ -32,7 +32,7 @@ def check_dataset(config: Any, out: Path, rate_bounds: tuple[float, float]) -> l
     from reflectrl.data.demos import demonstrator_for
     from reflectrl.data.model_dirs import resolve_model
     from reflectrl.models.loading import load_tokenizer
-    from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
+    from reflectrl.rollout.vector_env import ReflectRLVectorEnv
     from reflectrl.seeding import hash_seed
 
     rows = [json.loads(line) for line in (out / "data.jsonl").read_text().splitlines()]

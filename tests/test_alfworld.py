@@ -505,7 +505,7 @@ def test_rollout_vector_env_over_alfworld(data_dir: Path, tokenizer: Any) -> Non
     import numpy as np
 
     from reflectrl.config import load_config
-    from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
+    from reflectrl.rollout.vector_env import ReflectRLVectorEnv
 
     config = load_config(
         REPO / "configs" / "alfworld.yaml",
@@ -572,7 +572,7 @@ def test_prefetched_resets_over_the_real_engine_change_nothing(
     import numpy as np
 
     from reflectrl.config import load_config
-    from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
+    from reflectrl.rollout.vector_env import ReflectRLVectorEnv
 
     played = []
     for prefetch in (False, True):

@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "reflectrl"
 # Writes that do not go through atomic_files, and why each may not.
 ALLOWED = {
     # Appended one row or line at a time, flushed per row; readers skip a torn last line.
-    "metrics.py": 1,
+    "rl/metrics.py": 1,
     # Logs, appended.
     "experiment/grid.py": 1,
     "reflection/server.py": 1,

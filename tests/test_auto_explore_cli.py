@@ -149,9 +149,9 @@ def test_command_defaults_match_the_env() -> None:
 
 
 def test_config_loads_and_its_labels_are_single_tokens(tokenizer: object) -> None:
-    from reflectrl import prompts
     from reflectrl.config import load_config
-    from reflectrl.models.tokens import label_token_ids
+    from reflectrl.text import prompts
+    from reflectrl.text.tokens import label_token_ids
 
     config = load_config(REPO / "configs" / "auto_explore.yaml")
     options = config.env.options

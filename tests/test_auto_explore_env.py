@@ -455,10 +455,10 @@ def test_tasks_model_rejects_mismatched_depth() -> None:
 def test_over_long_prompts_trim_history_and_output_never_the_listing(
     tmp_path: Path, repo: Path, tokenizer: Any
 ) -> None:
-    from reflectrl import prompts
     from reflectrl.config import load_config
-    from reflectrl.models.tokens import count_tokens
-    from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
+    from reflectrl.rollout.vector_env import ReflectRLVectorEnv
+    from reflectrl.text import prompts
+    from reflectrl.text.tokens import count_tokens
 
     big = "\n\n".join(f"def function_number_{i}(argument):\n    return argument" for i in range(60))
     (repo / "pkg" / "big.py").write_text(big)

@@ -32,8 +32,8 @@ def test_actors_land_on_the_nodes_the_config_asks_for(tmp_path: Path) -> None:
     import ray
     from ray.cluster_utils import Cluster
 
-    from reflectrl.launch import Run
     from reflectrl.pipeline import StageContext, data_stage, sft_stage
+    from reflectrl.rl.driver import Run
     from reflectrl.run_dir import rl_config
 
     cluster = Cluster(
@@ -76,7 +76,7 @@ def test_actors_land_on_the_nodes_the_config_asks_for(tmp_path: Path) -> None:
         server_nodes = ray.get(
             [
                 server.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id())
-                for server in run.reflection_actors
+                for server in run.servers.actors
             ]
         )
         # Worker i asks replica i - 1: each of the two workers its own server.
@@ -186,7 +186,7 @@ def wait_for_job(address: str, job_id: str, timeout_s: float) -> str:
 def test_a_folder_missing_on_a_node_is_unpacked_once_into_its_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from reflectrl import node_files
+    from reflectrl.cluster import node_files
 
     monkeypatch.setattr(node_files, "default_cache_dir", lambda: tmp_path / "cache")
     adapter = tmp_path / "driver" / "sft" / "policy"
@@ -215,7 +215,7 @@ def test_a_dashboard_port_taken_at_the_last_moment_is_retried_on_another(
 
     import ray
 
-    from reflectrl import ray_cluster
+    from reflectrl.cluster import ray_init as ray_cluster
 
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))

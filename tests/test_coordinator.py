@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from reflectrl.config import CurriculumConfig, StageConfig
-from reflectrl.coordinator import Curriculum
 from reflectrl.errors import ConfigError
+from reflectrl.rl.curriculum import Curriculum
 
 STAGES = ("pickup", "dropoff", "full")
 
@@ -99,7 +99,7 @@ def test_a_stage_that_is_never_passed_ends_at_its_cap(tmp_path: Path) -> None:
     import ray
 
     from reflectrl.config import load_config
-    from reflectrl.launch import Run
+    from reflectrl.rl.driver import Run
 
     repo = Path(__file__).resolve().parents[1]
     config = load_config(

@@ -72,16 +72,19 @@ def test_a_resume_after_a_killed_driver_equals_a_straight_run(
     tmp_path: Path, cpu_burner: None
 ) -> None:
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    result = run_cli("launch", *DETERMINISTIC, "--output", str(straight), timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-
-    # The same run, its driver SIGKILLed as soon as iteration 2 is under way.
-    process = subprocess.Popen(
-        [sys.executable, "-m", "reflectrl.cli", "launch", *DETERMINISTIC, "--output", str(killed)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        cwd=REPO,
-    )
+    # Both runs at once (each loads the other, besides the burner): the straight one to the
+    # end, the other's driver SIGKILLed as soon as iteration 2 is under way.
+    runs = {
+        out: subprocess.Popen(
+            [sys.executable, "-m", "reflectrl.cli", "launch", *DETERMINISTIC, "--output", str(out)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE if out == straight else subprocess.DEVNULL,
+            cwd=REPO,
+            text=True,
+        )
+        for out in (straight, killed)
+    }
+    process = runs[killed]
     latest = killed / "checkpoints" / "latest"
     deadline = time.monotonic() + 600
     while not (latest.is_file() and latest.read_text() == "iter_000001"):
@@ -90,6 +93,8 @@ def test_a_resume_after_a_killed_driver_equals_a_straight_run(
     os.kill(process.pid, signal.SIGKILL)  # iteration 2 has just started
     process.wait(timeout=30)
     assert latest.read_text() == "iter_000001"  # iteration 2 never finished
+    _, stderr = runs[straight].communicate(timeout=900)
+    assert runs[straight].returncode == 0, stderr[-3000:]
 
     result = run_cli("launch", "--workers", "1", "--resume", str(killed), timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -12,7 +12,7 @@ from reflectrl.config import load_config
 from reflectrl.evaluation.episodes import play, slot_quotas
 from reflectrl.evaluation.report import format_table, grouped, wilson_interval
 from reflectrl.models.policy import OptionPolicy
-from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
+from reflectrl.rollout.vector_env import ReflectRLVectorEnv
 from tests.helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[1]

@@ -30,12 +30,12 @@ def test_an_upward_import_breaks_a_contract_and_is_named(tmp_path: Path) -> None
     shutil.copy(REPO / "pyproject.toml", tmp_path)
     shutil.copytree(REPO / "reflectrl", tmp_path / "reflectrl",
                     ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
-    tokens = tmp_path / "reflectrl" / "models" / "tokens.py"
-    tokens.write_text(tokens.read_text() + "\nfrom reflectrl.launch import Run  # noqa\n")
+    policy = tmp_path / "reflectrl" / "models" / "policy.py"
+    policy.write_text(policy.read_text() + "\nfrom reflectrl.rl.driver import Run  # noqa\n")
     result = lint_imports(tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "models are model math: no RL stage, no stages of the pipeline BROKEN" in result.stdout
-    assert "reflectrl.models.tokens -> reflectrl.launch" in result.stdout
+    assert "models are model math: they import only config and errors BROKEN" in result.stdout
+    assert "reflectrl.models.policy -> reflectrl.rl.driver" in result.stdout
 
 
 def import_cycles(package: str) -> list[list[str]]:

@@ -162,8 +162,8 @@ def test_weights_and_stage_reach_every_worker(
     import torch
     from ray.rllib.core.columns import Columns
 
-    from reflectrl.launch import Run
-    from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
+    from reflectrl.rl.driver import Run
+    from reflectrl.rollout.vector_env import ReflectRLVectorEnv
 
     # Reflections during RL: the CLI pipeline test and test_reflection_faults.py.
     config = smoke_without_reflection("run.iterations=2")
@@ -226,7 +226,7 @@ def smoke_without_reflection(*overrides: str) -> Any:
 def test_two_workers_sample_from_different_random_streams(ray_session: Any, tmp_path: Path) -> None:
     # RLlib seeds each worker's torch stream (seed + worker index) before building the module;
     # the module must not reseed it, or every worker's env i takes the same actions.
-    from reflectrl.launch import Run
+    from reflectrl.rl.driver import Run
 
     config = smoke_without_reflection("env.options.fixed_start_seed=7")  # same observations
     run = Run(config, tmp_path / "run", workers=2)
@@ -258,7 +258,7 @@ def test_a_worker_killed_mid_sampling_comes_back_with_the_stage_and_adapter(
 
     import ray
 
-    from reflectrl.launch import Run
+    from reflectrl.rl.driver import Run
 
     # A restarted worker comes back with the env's default stage (`full`): `dropoff` must be
     # pushed to it again.
@@ -277,7 +277,7 @@ def test_a_worker_killed_mid_sampling_comes_back_with_the_stage_and_adapter(
         def kill_once_sampling() -> None:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
-                board = ray.get(run.progress_board.snapshot.remote())
+                board = ray.get(run.monitor.progress_board.snapshot.remote())
                 if board["phase"] == "sampling" and board["iteration_env_steps"] > 0:
                     os.kill(pid, signal.SIGKILL)
                     return
@@ -297,7 +297,7 @@ def test_a_worker_killed_mid_sampling_comes_back_with_the_stage_and_adapter(
         weights = group.foreach_env_runner(
             lambda runner: runner.module.get_state(), local_env_runner=False
         )
-        learner = run.module_state()
+        learner = run.algo.module_state()
     finally:
         run.close()
     assert rows[0]["env_steps"] - 64 >= 32  # the other worker's samples of that iteration
@@ -317,8 +317,8 @@ def test_resume_restores_optimizer_env_streams_and_metrics(
     iteration 1 with the optimizer's moments in the live learner, every worker's env random
     streams as checkpointed (no replay of iteration 1's start states), and metrics.jsonl cut
     back to iteration 1 (no duplicate rows)."""
-    from reflectrl.launch import Run
     from reflectrl.pipeline import LaunchOptions, resolve_run
+    from reflectrl.rl.driver import Run
 
     run_dir = tmp_path / "run"
     config = smoke_without_reflection("run.checkpoint_every=1", "run.iterations=3")
@@ -371,7 +371,7 @@ def test_close_does_not_mask_the_error_when_the_reflection_actor_is_dead(
 ) -> None:
     import ray
 
-    from reflectrl.launch import Run
+    from reflectrl.rl.driver import Run
 
     @ray.remote
     class Stoppable:
@@ -382,7 +382,7 @@ def test_close_does_not_mask_the_error_when_the_reflection_actor_is_dead(
     run.servers.actors = [Stoppable.remote()]
     ray.kill(run.servers.actors[0])
     run.close()  # no RayActorError: the run's own error (if any) stays the one reported
-    assert run.reflection_actors == []
+    assert run.servers.actors == []
 
 
 def test_a_server_that_fails_every_request_stops_the_run_with_one_line(

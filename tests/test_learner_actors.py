@@ -70,9 +70,9 @@ def train_and_check_sync(run: Any, learners: int, iterations: int) -> dict[str, 
     assert group.is_remote and len(group) == learners
     pids = [r.get() for r in group.foreach_learner(lambda learner: os.getpid())]
     assert len(set(pids)) == learners and os.getpid() not in pids  # actors, not the driver
-    before = run.module_state()
+    before = run.algo.module_state()
     rows = [run.train_iteration() for _ in range(iterations)]
-    after = run.module_state()
+    after = run.algo.module_state()
     per_learner = [
         r.get()
         for r in group.foreach_learner(
@@ -91,10 +91,10 @@ def train_and_check_sync(run: Any, learners: int, iterations: int) -> dict[str, 
 def test_one_learner_actor_trains_syncs_checkpoints_and_resumes(
     ray4: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from reflectrl.algorithm import ReflectRLPPO
-    from reflectrl.checkpoints import latest_checkpoint
-    from reflectrl.launch import Run
     from reflectrl.models.adapters import adapter_weights
+    from reflectrl.rl.driver import Run
+    from reflectrl.rl.ppo import ReflectRLPPO
+    from reflectrl.run_dir import latest_checkpoint
 
     run_dir = tmp_path / "run"
     config = config_with("run.num_learners=1", "run.iterations=3")
@@ -126,7 +126,7 @@ def test_one_learner_actor_trains_syncs_checkpoints_and_resumes(
     resumed = Run(config, run_dir, workers=1)
     try:
         resumed.start(checkpoint)
-        assert_states_equal(resumed.module_state(), after)
+        assert_states_equal(resumed.algo.module_state(), after)
         # ...and the worker holds the restored weights anyway (`Run._restore` pushes them).
         assert_states_equal(worker_states(resumed)[0], after)
         row = resumed.train_iteration()
@@ -138,8 +138,8 @@ def test_one_learner_actor_trains_syncs_checkpoints_and_resumes(
 def test_two_ddp_learners_a_killed_one_stops_the_run_in_one_line_and_resume_continues(
     ray4: Any, tmp_path: Path
 ) -> None:
-    from reflectrl.checkpoints import latest_checkpoint
-    from reflectrl.launch import Run
+    from reflectrl.rl.driver import Run
+    from reflectrl.run_dir import latest_checkpoint
 
     run_dir = tmp_path / "run"
     # 32 env steps per iteration, 16 for each learner.
@@ -186,8 +186,9 @@ def test_a_checkpoint_that_cannot_be_written_keeps_the_previous_one(
     """Writes fail mid-checkpoint (a 1-byte file size limit on this process, as a full disk
     fails them): one line, `latest` still names the previous checkpoint, nothing half-written
     is left, and the next checkpoint succeeds once writes work again."""
-    from reflectrl.checkpoints import latest_checkpoint, read_state
-    from reflectrl.launch import Run
+    from reflectrl.rl.checkpoints import read_state
+    from reflectrl.rl.driver import Run
+    from reflectrl.run_dir import latest_checkpoint
 
     run_dir = tmp_path / "run"
     run = Run(config_with("run.checkpoint_every=100"), run_dir, workers=1)
@@ -227,9 +228,9 @@ def test_rollout_workers_score_in_bfloat16(ray4: Any, tmp_path: Path) -> None:
     from ray.rllib.core.columns import Columns
 
     from reflectrl.data.model_dirs import resolve_model
-    from reflectrl.launch import Run
     from reflectrl.models.loading import load_tokenizer
-    from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
+    from reflectrl.rl.driver import Run
+    from reflectrl.rollout.vector_env import ReflectRLVectorEnv
 
     config = config_with("policy.dtype=bfloat16")
     tokenizer = load_tokenizer(resolve_model("tiny"))
@@ -275,7 +276,8 @@ def test_heartbeat_shows_the_learning_phase(ray4: Any) -> None:
     actor is real; the reports are sent as the learner and the env send them)."""
     import io
 
-    from reflectrl.progress import Heartbeat, board_reporter, start_progress_board
+    from reflectrl.rl.heartbeat import Heartbeat
+    from reflectrl.rollout.progress_board import board_reporter, start_progress_board
 
     board = start_progress_board("test-progress-board")
     out = io.StringIO()

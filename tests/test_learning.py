@@ -39,10 +39,10 @@ def test_ppo_from_reward_alone_learns_pickup_from_a_handful_of_starts(tmp_path: 
 
     from reflectrl.data.model_dirs import resolve_model
     from reflectrl.evaluation.episodes import play
-    from reflectrl.launch import Run
-    from reflectrl.learner.rl_module import WEIGHTS_VERSION
     from reflectrl.models.loading import load_tokenizer
-    from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
+    from reflectrl.rl.driver import Run
+    from reflectrl.rl.rl_module import WEIGHTS_VERSION
+    from reflectrl.rollout.vector_env import ReflectRLVectorEnv
     from tests.support.policy_copy import policy_copy
 
     config = load_config(
@@ -83,8 +83,8 @@ def test_ppo_from_reward_alone_learns_pickup_from_a_handful_of_starts(tmp_path: 
         for _ in range(8):
             rows.append(run.train_iteration())
             sampled_with.append(list(run.algo.sampled_versions))
-            learner_versions.append(int(run.module_state()[WEIGHTS_VERSION]))
-        policy.load_trainable_state(run.policy_state())
+            learner_versions.append(int(run.algo.module_state()[WEIGHTS_VERSION]))
+        policy.load_trainable_state(run.algo.policy_state())
         after = greedy_success(policy)
     finally:
         run.close()
@@ -107,7 +107,7 @@ def test_sft_beats_the_untrained_policy_on_held_out_starts(
     `pickup` episodes from the train start states; greedy success on the 60 held-out ones."""
     from reflectrl.data.dataset import write_dataset
     from reflectrl.models.policy import OptionPolicy
-    from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
+    from reflectrl.rollout.vector_env import ReflectRLVectorEnv
     from reflectrl.sft.trainer import train_player
 
     overrides = [

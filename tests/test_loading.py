@@ -199,9 +199,9 @@ def scratch_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_scratch_model_speaks_taxi_in_few_ids(scratch_dir: Path) -> None:
     """`scratch:<env>`: a tokenizer trained on the env's text (few ids, Taxi words whole, every
     label one token) and a random Llama over it, loadable like any HF directory."""
-    from reflectrl import prompts
     from reflectrl.envs.registry import make_text_env
-    from reflectrl.models.tokens import label_token_ids
+    from reflectrl.text import prompts
+    from reflectrl.text.tokens import label_token_ids
 
     tokenizer = load_tokenizer(scratch_dir)
     assert len(tokenizer) == 512
@@ -251,9 +251,9 @@ def test_scratch_model_for_auto_explore_keeps_its_40_labels_whole(
     """`scratch:auto_explore`: a tokenizer trained on AutoExplore's train-split text (tasks from
     the installed packages' trees) round-trips its prompts, in fewer ids than bytes, and
     keeps every one of the 40 menu labels a single token."""
-    from reflectrl import prompts
     from reflectrl.envs.registry import get_env_spec, make_text_env
-    from reflectrl.models.tokens import label_token_ids
+    from reflectrl.text import prompts
+    from reflectrl.text.tokens import label_token_ids
 
     cache = tmp_path_factory.mktemp("cache")
     tokenizer = load_tokenizer(resolve_model("scratch:auto_explore", cache))
@@ -280,10 +280,10 @@ def test_scratch_model_for_alfworld_keeps_its_60_labels_whole(
     """`scratch:alfworld`: a tokenizer trained on the text of ALFWorld's training games (made
     offline by the generator) round-trips the prompts of a game on an unseen floor plan, in
     fewer ids than bytes, and keeps every one of the 60 menu labels a single token."""
-    from reflectrl import prompts
     from reflectrl.envs.alfworld.generator import generate_games
     from reflectrl.envs.registry import make_text_env
-    from reflectrl.models.tokens import label_token_ids
+    from reflectrl.text import prompts
+    from reflectrl.text.tokens import label_token_ids
 
     cache = tmp_path_factory.mktemp("cache")
     tokenizer = load_tokenizer(resolve_model("scratch:alfworld", cache))

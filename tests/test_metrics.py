@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from reflectrl.metrics import keep_rows_up_to
+from reflectrl.rl.metrics import keep_rows_up_to
 
 
 def test_rows_after_the_checkpoint_are_dropped(tmp_path: Path) -> None:

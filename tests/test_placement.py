@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from reflectrl import prompts
+from reflectrl.cluster.placement import check_gpus, gpu_requests, reflection_actor_options
 from reflectrl.config import load_config
 from reflectrl.errors import ConfigError
-from reflectrl.placement import check_gpus, gpu_requests, reflection_actor_options
+from reflectrl.text import prompts
 from tests.helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,9 +32,9 @@ def recipe(name: str) -> Any:
 
 def ray_requests(config: Any, tiny_dir: Path, tokenizer: Any) -> list[dict[str, float]]:
     """RLlib's own resource bundles for this config (the first is the driver's)."""
-    from reflectrl.algorithm import build_ppo_config
-    from reflectrl.models.tokens import label_token_ids
     from reflectrl.preflight import PolicySpec
+    from reflectrl.rl.ppo import build_ppo_config
+    from reflectrl.text.tokens import label_token_ids
 
     labels = label_token_ids(tokenizer, config.policy.labels[:6], prompts.ACTION_MARKER)
     algo_config = build_ppo_config(config, PolicySpec(tiny_dir, labels), WORKERS, None)

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from reflectrl import prompts
 from reflectrl.config import load_config
 from reflectrl.models.policy import OptionPolicy
-from reflectrl.models.tokens import label_token_ids
-from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
+from reflectrl.rollout.vector_env import ReflectRLVectorEnv
+from reflectrl.text import prompts
+from reflectrl.text.tokens import label_token_ids
 from tests.helpers import perturb
 
 
@@ -107,7 +107,7 @@ def build_module(tiny_dir: Path, tokenizer: Any, **options: Any) -> Any:
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
     from reflectrl.config import load_config
-    from reflectrl.learner.rl_module import ReflectRLModule, module_config
+    from reflectrl.rl.rl_module import ReflectRLModule, module_config
 
     ids = label_token_ids(tokenizer, "123456", prompts.ACTION_MARKER)
     obs_space = gym.spaces.Dict(
@@ -137,7 +137,7 @@ def test_rl_module_syncs_trainable_state_and_values_without_grad(
 ) -> None:
     from ray.rllib.core.columns import Columns
 
-    from reflectrl.learner.rl_module import WEIGHTS_VERSION, state_nbytes
+    from reflectrl.rl.rl_module import WEIGHTS_VERSION, state_nbytes
 
     learner, runner = build_module(tiny_dir, tokenizer), build_module(tiny_dir, tokenizer)
     sync = learner.get_state(inference_only=True)
@@ -204,7 +204,7 @@ def test_gae_values_come_from_rollouts_only_when_the_weights_match(
 ) -> None:
     from ray.rllib.core.columns import Columns
 
-    from reflectrl.learner.rl_module import WEIGHTS_VERSION
+    from reflectrl.rl.rl_module import WEIGHTS_VERSION
 
     module = build_module(tiny_dir, tokenizer)
     perturb(module)

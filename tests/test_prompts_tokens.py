@@ -5,10 +5,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from reflectrl import prompts
 from reflectrl.envs.base import TextObservation
 from reflectrl.errors import ModelLoadError
-from reflectrl.models.tokens import fit_tokens, label_token_ids, pad_tokens
+from reflectrl.text import prompts
+from reflectrl.text.tokens import fit_tokens, label_token_ids, pad_tokens
 
 OBS = TextObservation(
     instruction="Deliver the passenger.",

@@ -44,7 +44,7 @@ def test_a_killed_vllm_process_and_a_killed_replica_actor_are_restarted(
     run's API key (the same key after each restart)."""
     import ray
 
-    from reflectrl.launch import Run
+    from reflectrl.rl.driver import Run
 
     config = load_config(
         SMOKE,
@@ -60,7 +60,7 @@ def test_a_killed_vllm_process_and_a_killed_replica_actor_are_restarted(
     rows, old_groups = [], []
     try:
         run.start()
-        (actor,) = run.reflection_actors
+        (actor,) = run.servers.actors
         first_url, key = run.reflection.urls[0], run.reflection.api_key
         without_key = httpx.post(f"{first_url}/completions", json={"prompt": "x"}).status_code
         wrong_key = httpx.get(

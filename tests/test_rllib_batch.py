@@ -1,6 +1,6 @@
 """What RLlib does with a batch between the rollout worker and our loss, pinned (no Ray actors).
 
-Real RLlib pieces in this process (`reflectrl.in_process`): the EnvRunner samples our vector
+Real RLlib pieces in this process (`tests/support/in_process.py`): the EnvRunner samples our vector
 env with our RLModule; the learner's connector pipeline builds the train batch. These tests
 fail if RLlib changes the behaviour we rely on (README, "What RLlib does with a batch"), or if
 our faster update path stops computing what RLlib's own path computes.
@@ -164,3 +164,33 @@ def test_an_update_bumps_the_weights_version_and_stales_old_rollout_values(sampl
     batch = local.train_batch(local.sample())[MID]
     _, fresh = local.module._rollout_values(batch)
     assert torch.equal(fresh, batch[Columns.LOSS_MASK].bool())  # now every sampled row is
+
+
+def test_rllibs_ppo_step_is_the_one_ours_spells_out() -> None:
+    """`ReflectRLPPO.training_step` (rl/ppo.py) is RLlib's PPO step with the weights pushed to
+    every worker instead of `sync_weights`. If RLlib's step gains or drops a call, ours must be
+    read against it again."""
+    import ast
+    import inspect
+    import textwrap
+
+    from ray.rllib.algorithms.ppo import PPO
+
+    from reflectrl.rl.ppo import ReflectRLPPO
+
+    def calls(function: Any) -> set[str]:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+        return {
+            node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call)
+        }
+
+    rllib = calls(PPO.training_step)
+    assert rllib == {
+        "_training_step_old_api_stack", "override", "log_time", "synchronous_parallel_sample",
+        "aggregate", "update", "peek", "keys", "set", "sync_weights",
+    }  # fmt: skip
+    ours = calls(ReflectRLPPO.training_step) | calls(ReflectRLPPO._update)
+    assert rllib - ours == {"_training_step_old_api_stack", "override", "keys", "sync_weights"}
+    assert "push_weights" in ours

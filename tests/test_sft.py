@@ -18,12 +18,12 @@ from reflectrl.errors import ModelLoadError
 from reflectrl.models.adapters import check_adapter_fits
 from reflectrl.models.loading import load_causal_lm, load_tokenizer
 from reflectrl.models.policy import OptionPolicy
-from reflectrl.models.tokens import label_token_ids
-from reflectrl.prompts import ACTION_MARKER
 from reflectrl.reflection.actor import ReflectionServerActor
 from reflectrl.reflection.client import ReflectionClient
 from reflectrl.sft.rows import IGNORE, encode_rows, load_rows
 from reflectrl.sft.trainer import build_model, completion_loss, finished, train_player
+from reflectrl.text.prompts import ACTION_MARKER
+from reflectrl.text.tokens import label_token_ids
 from tests.helpers import run_cli
 from tests.test_reflection_server import needs_vllm
 

@@ -10,7 +10,7 @@ import pytest
 
 from reflectrl.config import load_config
 from reflectrl.envs.taxi import ACTIONS, expert_action
-from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
+from reflectrl.rollout.vector_env import ReflectRLVectorEnv
 
 
 class RecordingReflector:
@@ -277,7 +277,7 @@ def test_a_worker_takes_its_seeds_and_reflection_replica_from_its_index() -> Non
     """RLlib builds the env without the worker index; `set_worker_index` (from the callback)
     is the one place that picks the worker's streams, reflection seed and replica."""
     from reflectrl.reflection.endpoint import ReflectionEndpoint
-    from reflectrl.rollout_workers.runner_env import make_vector_env
+    from reflectrl.rollout.env_creator import make_vector_env
     from reflectrl.seeding import hash_seed
 
     config = load_config(None, ["policy.model=tiny", "reflection.model=tiny", "run.seed=7"])

@@ -35,9 +35,9 @@ from reflectrl.data.writers import ApiWriter, TemplateWriter
 from reflectrl.envs.registry import make_text_env
 from reflectrl.errors import ConfigError
 from reflectrl.models.loading import load_tokenizer
-from reflectrl.models.tokens import count_tokens
-from reflectrl.rendering import PromptRenderer
 from reflectrl.seeding import hash_seed
+from reflectrl.text.rendering import PromptRenderer
+from reflectrl.text.tokens import count_tokens
 
 DATA_FILE = "data.jsonl"
 STATS_FILE = "stats.json"

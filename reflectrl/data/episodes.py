@@ -15,7 +15,7 @@ from reflectrl.data.demos import Demonstrator
 from reflectrl.data.writers import ApiWriter, Facts, TemplateWriter
 from reflectrl.envs.base import TextObservation
 from reflectrl.errors import ReflectRLError
-from reflectrl.rendering import PromptRenderer
+from reflectrl.text.rendering import PromptRenderer
 
 
 @dataclass

@@ -59,8 +59,8 @@ def corpus(
     from reflectrl.data.episodes import episode_steps
     from reflectrl.data.writers import TemplateWriter
     from reflectrl.envs.registry import get_env_spec, make_text_env
-    from reflectrl.rendering import PromptRenderer
     from reflectrl.seeding import hash_seed
+    from reflectrl.text.rendering import PromptRenderer
 
     spec = get_env_spec(env_name)
     episodes = spec.corpus_episodes if episodes is None else episodes

@@ -8,6 +8,7 @@ from typing import Any
 
 from reflectrl.config import add_config_arguments
 from reflectrl.errors import ConfigError
+from reflectrl.evaluation.report import EvalReport
 
 
 def add_commands(sub: Any) -> None:
@@ -65,8 +66,8 @@ def run_eval(args: argparse.Namespace) -> int:
         home = Path(args.adapter)
     import ray
 
+    from reflectrl.cluster.ray_init import init_ray
     from reflectrl.evaluation.runner import eval_config
-    from reflectrl.ray_cluster import init_ray
 
     eval_config(config)  # a bad split or stage fails before Ray starts
     init_ray(args.address, config, args.workers)
@@ -100,7 +101,7 @@ def adapter_policy(config: Any, adapter: Path) -> tuple[Any, Any]:
 
 def evaluate_with(
     config: Any, source: Any, workers: int, home: Path, servers: Any = None
-) -> dict[str, Any]:
+) -> EvalReport:
     """On a running Ray: evaluate, with the reflection server the config serves. `servers`
     (ReflectionServers) are reused when they serve the same model, else started here (log:
     `home/eval_reflection_server.log`) and stopped after."""

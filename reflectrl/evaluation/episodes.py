@@ -9,13 +9,13 @@ starts), the slots share them out and each start is played exactly once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
 from reflectrl.models.policy import OptionPolicy
-from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
+from reflectrl.rollout.seams import EpisodeRecord
+from reflectrl.rollout.vector_env import ReflectRLVectorEnv
 
 
 @dataclass
@@ -43,8 +43,8 @@ def play(
     greedy: bool,
     seed: int = 0,
     starts: list[str] | None = None,
-) -> list[dict[str, Any]]:
-    """`episodes` finished episodes (dicts of `EpisodeRecord`), each slot's first ones; with
+) -> list[EpisodeRecord]:
+    """`episodes` finished episodes, each slot's first ones; with
     `starts`, one episode from each of them instead."""
     policy.eval()
     generator = torch.Generator().manual_seed(seed)
@@ -54,7 +54,7 @@ def play(
         quotas = [len(queue) for queue in queues]
     else:
         quotas = slot_quotas(episodes, env.num_envs)
-    kept: list[list[dict[str, Any]]] = [[] for _ in quotas]
+    kept: list[list[EpisodeRecord]] = [[] for _ in quotas]
     obs, _ = env.reset()
     env.pop_stats()
     while any(len(k) < q for k, q in zip(kept, quotas, strict=True)):

@@ -14,15 +14,16 @@ from typing import Any
 
 import numpy as np
 import ray
+import torch
 
-from reflectrl.checkpoints import latest_checkpoint
 from reflectrl.config import ReflectRLConfig
 from reflectrl.envs.registry import env_splits, make_text_env
 from reflectrl.errors import ConfigError
 from reflectrl.evaluation.episodes import deal, play, slot_quotas
-from reflectrl.evaluation.report import grouped
+from reflectrl.evaluation.report import EvalReport, GroupedReport, grouped
 from reflectrl.reflection.endpoint import ReflectionEndpoint
-from reflectrl.run_dir import SFT_DIR, rl_config, stage_done
+from reflectrl.rollout.seams import EpisodeRecord
+from reflectrl.run_dir import final_policy, rl_config
 
 DECODINGS = ("greedy", "sampled")
 
@@ -65,7 +66,7 @@ class EvalWorker:
     ) -> None:
         from reflectrl.data.model_dirs import resolve_model
         from reflectrl.models.policy import build_policy
-        from reflectrl.rollout_workers.runner_env import make_vector_env
+        from reflectrl.rollout.env_creator import make_vector_env
 
         parsed = ReflectRLConfig.model_validate(config)
         ctx = {
@@ -87,7 +88,7 @@ class EvalWorker:
 
     def play(
         self, stage: str, episodes: int, greedy: bool, starts: list[str] | None = None
-    ) -> list[dict[str, Any]]:
+    ) -> list[EpisodeRecord]:
         self.env.set_stage(stage)
         self.seed += 1
         return play(self.policy, self.env, episodes, greedy, seed=self.seed, starts=starts)
@@ -100,7 +101,7 @@ class PolicySource:
         self,
         checkpoint_adapter: Path | None = None,
         sft_adapter: Path | None = None,
-        state: dict[str, Any] | None = None,
+        state: dict[str, torch.Tensor] | None = None,
     ) -> None:
         self.checkpoint_adapter = checkpoint_adapter
         self.sft_adapter = sft_adapter
@@ -133,17 +134,12 @@ class Evaluator:
         self.actors = [remote.remote(tree, where, i + 1) for i in range(workers)]
         self.starts = {stage: held_out_starts(self.config, stage) for stage in self.stages}
 
-    def run(self, source: PolicySource, progress: bool = False) -> dict[str, Any]:
-        """{"greedy": report, "sampled": report, "split": ..., "episodes_per_stage": ...}."""
+    def run(self, source: PolicySource, progress: bool = False) -> EvalReport:
         ray.get([a.load.remote(source) for a in self.actors])
         episodes = self.config.eval.episodes
-        report: dict[str, Any] = {
-            "split": self.config.env.options["split"],
-            "episodes_per_stage": episodes,
-            "seed": self.config.run.seed,
-        }
+        by_decoding: dict[str, GroupedReport] = {}
         for decoding in DECODINGS:
-            records: list[dict[str, Any]] = []
+            records: list[EpisodeRecord] = []
             for stage in self.stages:
                 starts = self.starts[stage]
                 jobs: list[tuple[int, list[str] | None]] = (
@@ -159,8 +155,14 @@ class Evaluator:
                 records += [r for part in ray.get(calls) for r in part]
                 if progress:
                     print(f"eval: {decoding} {stage}: {len(records)} episodes", file=sys.stderr)
-            report[decoding] = grouped(records, self.sft_seen)
-        return report
+            by_decoding[decoding] = grouped(records, self.sft_seen)
+        return EvalReport(
+            split=self.config.env.options["split"],
+            episodes_per_stage=episodes,
+            seed=self.config.run.seed,
+            greedy=by_decoding["greedy"],
+            sampled=by_decoding["sampled"],
+        )
 
     def close(self) -> None:
         for actor in self.actors:
@@ -169,19 +171,11 @@ class Evaluator:
 
 
 def run_policy(run_dir: Path, config: ReflectRLConfig) -> tuple[ReflectRLConfig, PolicySource]:
-    """(the config to evaluate with, the PolicySource) of a run's final policy; a one-line
-    error when the run has none yet."""
-    final = "rl" if config.rl.enabled else "sft" if config.sft.enabled else None
-    if final is None or stage_done(run_dir, final) is None:
-        raise ConfigError(
-            f"--run {run_dir}: no finished policy (stage {final or 'rl'} has not finished); "
-            f"finish it with `reflectrl launch --resume {run_dir}` or pass --adapter"
-        )
+    """(the config to evaluate with, the PolicySource) of a run's final policy."""
+    final = final_policy(run_dir, config)
     derived = rl_config(config, run_dir)
-    if final == "rl":
-        checkpoint = latest_checkpoint(run_dir)
-        assert checkpoint is not None  # the rl stage ends with a checkpoint
-        return derived, PolicySource(checkpoint_adapter=checkpoint / "adapter")
-    if config.sft.method == "lora":
-        return derived, PolicySource(sft_adapter=run_dir / SFT_DIR / "policy")
+    if final.kind == "checkpoint_adapter":
+        return derived, PolicySource(checkpoint_adapter=final.path)
+    if final.kind == "sft_adapter":
+        return derived, PolicySource(sft_adapter=final.path)
     return derived, PolicySource()  # full SFT: the model directory is the policy

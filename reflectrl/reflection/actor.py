@@ -24,12 +24,12 @@ from typing import Any
 import ray
 
 from reflectrl.atomic_files import write_text
+from reflectrl.cluster.node_files import Packed, local_copy, pack_dir
+from reflectrl.cluster.placement import reflection_actor_options
 from reflectrl.config import ReflectionConfig
 from reflectrl.data.model_dirs import resolve_model
 from reflectrl.errors import ReflectionServerError, ReflectRLError
 from reflectrl.models.adapters import read_adapter_config, vllm_max_lora_rank
-from reflectrl.node_files import Packed, local_copy, pack_dir
-from reflectrl.placement import reflection_actor_options
 from reflectrl.reflection.endpoint import ReflectionEndpoint, api_key_for
 from reflectrl.reflection.server import VLLMServer
 

@@ -16,10 +16,10 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 
-from reflectrl.algorithm import build_ppo_config
 from reflectrl.config import ReflectRLConfig
 from reflectrl.preflight import preflight
 from reflectrl.reflection.endpoint import ReflectionEndpoint
+from reflectrl.rl.ppo import build_ppo_config
 
 
 @dataclass

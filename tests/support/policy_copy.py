@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from reflectrl.launch import Run
 from reflectrl.models.policy import OptionPolicy, build_policy
+from reflectrl.rl.driver import Run
 
 
 def policy_copy(run: Run) -> OptionPolicy:
     """The learner's current policy, built here; `policy.load_trainable_state(
-    run.policy_state())` brings it up to date later."""
+    run.algo.policy_state())` brings it up to date later."""
     policy = build_policy(
         run.config.policy,
         run.spec.model_dir,
@@ -16,5 +16,5 @@ def policy_copy(run: Run) -> OptionPolicy:
         run.config.run.seed,
         for_rollouts=False,
     )
-    policy.load_trainable_state(run.policy_state())
+    policy.load_trainable_state(run.algo.policy_state())
     return policy

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from reflectrl.errors import ModelLoadError
-from reflectrl.prompts import Prompt
+from reflectrl.text.prompts import Prompt
 
 
 def label_token_ids(tokenizer: Any, labels: Sequence[str], context: str) -> list[int]:

@@ -23,9 +23,9 @@ from ray.rllib.core.rl_module.apis import ValueFunctionAPI
 from ray.rllib.core.rl_module.torch import TorchRLModule
 from ray.rllib.utils.typing import StateDict
 
+from reflectrl.cluster.node_files import Packed, local_copy, pack_dir
 from reflectrl.config import PolicyConfig, ReflectRLConfig
 from reflectrl.models.policy import MASKED_LOGIT, build_policy
-from reflectrl.node_files import Packed, local_copy, pack_dir
 
 # Per-row column of the rollout outputs: how many optimizer steps the sampling weights had.
 WEIGHTS_VERSION = "weights_version"

@@ -8,9 +8,9 @@ from typing import Any
 
 import ray
 
+from reflectrl.cluster.placement import check_gpus
 from reflectrl.config import ReflectRLConfig
 from reflectrl.errors import ConfigError
-from reflectrl.placement import check_gpus
 
 
 def init_ray(address: str | None, config: ReflectRLConfig, workers: int) -> str | None:

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 from reflectrl.config import ReflectRLConfig
 from reflectrl.data.model_dirs import resolve_model
 from reflectrl.models.loading import load_tokenizer
-from reflectrl.progress import board_reporter
 from reflectrl.reflection.endpoint import ReflectionEndpoint
-from reflectrl.rollout_workers.error_sink import error_reporter
-from reflectrl.rollout_workers.vector_env import ReflectRLVectorEnv
+from reflectrl.rollout.error_sink import error_reporter
+from reflectrl.rollout.progress_board import board_reporter
+from reflectrl.rollout.vector_env import ReflectRLVectorEnv
 
 if TYPE_CHECKING:
     from reflectrl.reflection.client import ReflectionClient

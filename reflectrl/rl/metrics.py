@@ -10,21 +10,6 @@ from typing import Any
 from reflectrl.atomic_files import write_text
 from reflectrl.run_dir import METRICS_FILE
 
-# What every rollout worker counts per iteration; the coordinator sums them into run totals.
-WORKER_COUNTERS = (
-    "env_steps",
-    "reflection_calls",
-    "reflection_cache_hits",
-    "truncated_prompts",
-    "clipped_reflection_prompts",
-    # Where a worker's sampling time goes (ms, summed over workers): stepping the text envs and
-    # rendering/tokenizing prompts; waiting for reflections; the rest of the EnvRunner between
-    # two env steps (the policy's forward pass and RLlib's bookkeeping).
-    "env_ms",
-    "reflection_ms",
-    "policy_ms",
-)
-
 # Figures exported as Ray gauges (numeric, one value per iteration).
 GAUGES = (
     "env_steps",

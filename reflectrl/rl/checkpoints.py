@@ -15,21 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from reflectrl.atomic_files import atomic_dir, write_json, write_text
-from reflectrl.errors import CheckpointError, ConfigError
-from reflectrl.run_dir import CHECKPOINTS_DIR
-
-STATE_FILE = "reflectrl_state.json"
-LATEST = "latest"  # names the newest whole checkpoint
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    pointer = run_dir / CHECKPOINTS_DIR / LATEST
-    if not pointer.is_file():
-        return None
-    path = run_dir / CHECKPOINTS_DIR / pointer.read_text().strip()
-    if not (path / STATE_FILE).is_file():
-        raise ConfigError(f"checkpoint {path} is incomplete; point checkpoints/latest at another")
-    return path
+from reflectrl.errors import CheckpointError
+from reflectrl.run_dir import CHECKPOINT_STATE_FILE, CHECKPOINTS_DIR, LATEST_CHECKPOINT
 
 
 def write_checkpoint(
@@ -51,10 +38,14 @@ def write_checkpoint(
             # RLlib reads a relative path as a URI without a scheme and fails: always absolute.
             algo.save_to_path(str((tmp / "rllib").resolve()))
             save_adapter(tmp / "adapter")
-            write_json(tmp / STATE_FILE, state)
-        write_text(root / LATEST, name)
+            write_json(tmp / CHECKPOINT_STATE_FILE, state)
+        write_text(root / LATEST_CHECKPOINT, name)
     except OSError as err:
-        previous = (root / LATEST).read_text().strip() if (root / LATEST).is_file() else None
+        previous = (
+            (root / LATEST_CHECKPOINT).read_text().strip()
+            if (root / LATEST_CHECKPOINT).is_file()
+            else None
+        )
         kept = f"{previous} stays the latest" if previous else "no earlier checkpoint exists"
         raise CheckpointError(
             f"cannot write checkpoint {name} in {root}: {err.strerror or err} "
@@ -65,4 +56,4 @@ def write_checkpoint(
 
 
 def read_state(checkpoint: Path) -> dict[str, Any]:
-    return json.loads((checkpoint / STATE_FILE).read_text())
+    return json.loads((checkpoint / CHECKPOINT_STATE_FILE).read_text())

@@ -18,10 +18,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from reflectrl import prompts
 from reflectrl.config import REFLECTION_MARGIN, ReflectRLConfig
 from reflectrl.envs.base import TextEnv, TextObservation
-from reflectrl.models.tokens import count_tokens, fit_tokens, label_token_ids
+from reflectrl.text import prompts
+from reflectrl.text.tokens import count_tokens, fit_tokens, label_token_ids
 
 
 @dataclass(frozen=True)

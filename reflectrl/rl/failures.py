@@ -1,7 +1,7 @@
 """Rollout-worker failures made visible: RLlib restarts a crashed EnvRunner and only logs why.
 
 `WorkerFailureWatch` listens to the line RLlib's actor manager logs when a worker's remote call
-fails, takes the error the worker reported before it died (rollout_workers/error_sink.py; RLlib
+fails, takes the error the worker reported before it died (rollout/error_sink.py; RLlib
 itself only says "exit code 1"), and counts iterations that had a failure. A cause that comes
 back on every restart (a reflection server that answers health checks but rejects every
 request, a bad env option) stops the run after `run.max_failed_iterations` failing iterations

@@ -1,10 +1,14 @@
 """The RLlib PPO algorithm of a run, configured from our config: our RLModule and learner, the
 vector env on every rollout worker, the coordinator callback, fault tolerance and seeding.
 
-`ReflectRLPPO` is RLlib's PPO with one more way to run an iteration (`ppo.max_staleness=1`):
-the workers sample the next batch while the learner updates on the one just collected, so
-sampling and learning overlap and each batch is learned from one update after the weights that
-sampled it. At `max_staleness=0` it is RLlib's own `training_step`, untouched.
+`ReflectRLPPO.training_step` is one iteration, step by step: sample -> advantages -> update ->
+weight sync (the curriculum follows, in the coordinator's callback). It is RLlib's PPO step
+(`ray.rllib.algorithms.ppo.PPO.training_step`, env steps counted) with the weights pushed to
+every worker instead of RLlib's `sync_weights`, which can skip a busy worker.
+
+`ppo.max_staleness=1` runs an iteration the other way: the workers sample the next batch while
+the learner updates on the one just collected, so sampling and learning overlap and each batch
+is learned from one update after the weights that sampled it.
 """
 
 from __future__ import annotations
@@ -12,9 +16,11 @@ from __future__ import annotations
 from typing import Any
 
 import ray
+import torch
 from ray.rllib.algorithms.ppo import PPO, PPOConfig
 from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+from ray.rllib.execution.rollout_ops import synchronous_parallel_sample
 from ray.rllib.utils.metrics import (
     ALL_MODULES,
     ENV_RUNNER_RESULTS,
@@ -30,12 +36,19 @@ from ray.rllib.utils.metrics import (
 from ray.tune.registry import register_env
 
 from reflectrl.config import ReflectRLConfig
-from reflectrl.coordinator import CoordinatorCallback
-from reflectrl.learner.ppo_learner import ReflectRLPPOLearner
-from reflectrl.learner.rl_module import WEIGHTS_VERSION, ReflectRLModule, module_config
 from reflectrl.preflight import PolicySpec
 from reflectrl.reflection.endpoint import ReflectionEndpoint
-from reflectrl.rollout_workers.runner_env import env_config_for, make_vector_env
+from reflectrl.rl.coordinator import CoordinatorCallback
+from reflectrl.rl.learner import ReflectRLPPOLearner
+from reflectrl.rl.rl_module import (
+    POLICY_PREFIX,
+    WEIGHTS_VERSION,
+    ReflectRLModule,
+    module_config,
+    state_nbytes,
+)
+from reflectrl.rollout.env_creator import env_config_for, make_vector_env
+from reflectrl.seeding import capture_streams, restore_streams
 
 ENV_ID = "reflectrl_vector_env"
 SAMPLE_TAG = "reflectrl_sample"
@@ -54,13 +67,13 @@ class ReflectRLPPOConfig(PPOConfig):
 
 
 class ReflectRLPPO(PPO):
-    """PPO whose sampling of batch k+1 runs while the learner updates on batch k (staleness 1).
+    """RLlib's PPO, its iteration spelled out, with overlapped sampling as an option.
 
-    Per iteration: wait for the batch in flight -> send the weights of the last update and
-    start the next batch (a worker runs its calls in order, so that batch uses those weights)
-    -> update on the collected batch in the meantime. Its rows carry the log-probs and the
-    weights version they were sampled with: the PPO ratio is against the sampling policy, and
-    GAE recomputes the values of rows sampled with older weights (`ReflectRLModule`).
+    Staleness 1: wait for the batch in flight -> send the weights of the last update and start
+    the next batch (a worker runs its calls in order, so that batch uses those weights) ->
+    update on the collected batch in the meantime. Its rows carry the log-probs and the weights
+    version they were sampled with: the PPO ratio is against the sampling policy, and GAE
+    recomputes the values of rows sampled with older weights (`ReflectRLModule`).
     """
 
     @classmethod
@@ -80,19 +93,64 @@ class ReflectRLPPO(PPO):
         self._sampled_at = 0  # `_synced` when the batch in flight was started
         self._in_flight = 0  # workers sampling a batch
         self._modules_to_sync: set[str] = set()
+        self._sync_bytes: int | None = None
 
     def training_step(self) -> None:
-        if self.config.max_staleness == 0:
-            super().training_step()
-            # PPO ends with RLlib's `sync_weights`, which drops a worker's sync while it still
-            # counts that worker's previous one as in flight (one request per worker and tag,
-            # looked up without waiting). On a loaded machine the previous reply is often not
-            # in yet: the worker would sample the next batch with the weights of the update
-            # before, and a run would depend on timing. So every worker is sent the weights
-            # again, unconditionally; it applies them before its next sample call (an actor
-            # runs its calls in order). `tests/test_launch_e2e.py` pins both halves.
-            self.push_weights()
-            return
+        """One PPO iteration. `Algorithm.train()` runs it, then the coordinator's
+        `on_train_result` (rl/coordinator.py): the curriculum step."""
+        if self.config.max_staleness:
+            return self._overlapped_step()
+        # 1. sample: every rollout worker steps its vector env (text env -> reflection ->
+        # prompt -> policy's pick) until the batch is full.
+        with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
+            episodes, worker_metrics = synchronous_parallel_sample(
+                worker_set=self.env_runner_group,
+                max_env_steps=self.config.total_train_batch_size,
+                sample_timeout_s=self.config.sample_timeout_s,
+                _uses_new_env_runners=True,
+                _return_metrics=True,
+            )
+            if not episodes:  # every worker failed; RLlib restarts them before the next call
+                return
+            self.metrics.aggregate(worker_metrics, key=ENV_RUNNER_RESULTS)
+        # 2. advantages (GAE, in the learner's connector) and 3. the PPO update.
+        modules = self._update(episodes)
+        # 4. weight sync: the new LoRA to every worker, which applies it before its next sample.
+        # (Not RLlib's `sync_weights`: it drops a worker's sync while it still counts that
+        # worker's previous one as in flight, one request per worker and tag looked up without
+        # waiting. On a loaded machine the previous reply is often not in yet, and the worker
+        # would sample with the weights of the update before; `tests/test_launch_e2e.py`.)
+        with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
+            self.push_weights(modules)
+        self._updates += 1
+        self._synced = self._updates
+
+    def _update(self, episodes: list[Any]) -> set[str]:
+        """GAE over the episodes (the learner connector, with the module's values and the
+        bootstrap rows of cut episodes), then `num_epochs` x minibatches of the PPO loss
+        (rl/learner.py). The modules updated."""
+        with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
+            learner_results = self.learner_group.update(
+                episodes=episodes,
+                timesteps={
+                    NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
+                        (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME)
+                    ),
+                    NUM_MODULE_STEPS_TRAINED_LIFETIME: self.metrics.peek(
+                        (LEARNER_RESULTS, ALL_MODULES, NUM_MODULE_STEPS_TRAINED_LIFETIME),
+                        default=0,
+                    ),
+                },
+                num_epochs=self.config.num_epochs,
+                minibatch_size=self.config.minibatch_size,
+                shuffle_batch_per_epoch=self.config.shuffle_batch_per_epoch,
+            )
+            self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
+        return set(learner_results[0]) - {ALL_MODULES}
+
+    def _overlapped_step(self) -> None:
+        """Staleness 1: wait for the batch in flight -> send the weights of the last update and
+        start the next batch -> update on the collected one meanwhile."""
         group = self.env_runner_group
         with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
             if not self._in_flight:  # the first iteration (or every worker had failed)
@@ -112,24 +170,7 @@ class ReflectRLPPO(PPO):
         self.sampled_stats = [stats for _, _, stats in results]
         self.staleness = self._updates - sampled_at
         self.sampled_versions = _weights_versions(episodes)
-        with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
-            learner_results = self.learner_group.update(
-                episodes=episodes,
-                timesteps={
-                    NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
-                        (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME)
-                    ),
-                    NUM_MODULE_STEPS_TRAINED_LIFETIME: self.metrics.peek(
-                        (LEARNER_RESULTS, ALL_MODULES, NUM_MODULE_STEPS_TRAINED_LIFETIME),
-                        default=0,
-                    ),
-                },
-                num_epochs=self.config.num_epochs,
-                minibatch_size=self.config.minibatch_size,
-                shuffle_batch_per_epoch=self.config.shuffle_batch_per_epoch,
-            )
-            self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
-        self._modules_to_sync = set(learner_results[0]) - {ALL_MODULES}
+        self._modules_to_sync = self._update(episodes)
         self._updates += 1
 
     def _send_weights(self) -> None:
@@ -160,11 +201,46 @@ class ReflectRLPPO(PPO):
             timeout_seconds=0.0,
         )
 
+    # -- what the learner holds ----------------------------------------------------------
+    def module_state(self) -> dict[str, Any]:
+        """The learner's module state (LoRA + value head + weights version, numpy), read
+        through the learner group's public API: the same call for a learner in the driver
+        and for learner actors on other nodes (they hold equal weights under DDP)."""
+        return self.learner_group.get_weights(module_ids=[DEFAULT_MODULE_ID])[DEFAULT_MODULE_ID]
+
+    def policy_state(self) -> dict[str, torch.Tensor]:
+        """The learner's `OptionPolicy.trainable_state()`, as CPU tensors."""
+        return {
+            k.removeprefix(POLICY_PREFIX): torch.tensor(v)
+            for k, v in self.module_state().items()
+            if k.startswith(POLICY_PREFIX)
+        }
+
+    def weight_sync_bytes(self) -> int:
+        """Bytes sent to each rollout worker per sync (the LoRA tensors only). Their shapes
+        never change, so the learner is asked once, not every iteration."""
+        if self._sync_bytes is None:
+            self._sync_bytes = state_nbytes(self.module_state())
+        return self._sync_bytes
+
+    def learner_streams(self) -> dict[str, Any]:
+        """Every learner's process random streams, by DDP rank (0 for a single learner)."""
+        results = self.learner_group.foreach_learner(lambda _: (_rank(), capture_streams()))
+        return {str(rank): state for rank, state in (r.get() for r in results)}
+
+    def restore_learner_streams(self, streams: dict[str, Any]) -> None:
+        self.learner_group.foreach_learner(lambda _: restore_streams(streams[str(_rank())]))
+
     def _start_sampling(self) -> None:
         self._in_flight = self.env_runner_group.foreach_env_runner_async(
             _sample_with_stats, tag=SAMPLE_TAG
         )
         self._sampled_at = self._synced
+
+
+def _rank() -> int:
+    """This learner's DDP rank (0 without DDP)."""
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
 
 
 def _weights_versions(episodes: list[Any]) -> list[int]:

@@ -13,7 +13,7 @@ Autoreset follows gymnasium's NEXT_STEP mode, which RLlib's EnvRunner expects: t
 an episode ends resets that env and ignores its action. So the action RLlib computes for an
 episode's last observation is thrown away: `live` = 0 tells the policy not to run the LM there.
 
-Prompts are rendered and fitted to their budgets by `reflectrl.rendering.PromptRenderer` (the
+Prompts are rendered and fitted to their budgets by `reflectrl.text.rendering.PromptRenderer` (the
 SFT data writer uses the same one); cut prompts are counted: `truncated_prompts`,
 `clipped_reflection_prompts`.
 
@@ -26,23 +26,20 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict
 from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from reflectrl import rng_state
 from reflectrl.config import ReflectRLConfig
 from reflectrl.envs.base import TextEnv, TextObservation
 from reflectrl.envs.registry import make_text_env
-from reflectrl.metrics import WORKER_COUNTERS as COUNTERS
-from reflectrl.models.tokens import pad_tokens
-from reflectrl.rendering import PolicyPrompt, PromptRenderer
-from reflectrl.rollout_workers.reset_prefetch import ResetPrefetcher
-from reflectrl.rollout_workers.seams import EpisodeRecord, Reflector
-from reflectrl.seeding import hash_seed
+from reflectrl.rollout.reset_prefetch import ResetPrefetcher
+from reflectrl.rollout.seams import EpisodeRecord, Reflector, WorkerStats, zero_counts
+from reflectrl.seeding import capture_streams, hash_seed, restore_streams
+from reflectrl.text.rendering import PolicyPrompt, PromptRenderer
+from reflectrl.text.tokens import pad_tokens
 
 
 class ReflectRLVectorEnv(gym.vector.VectorEnv):
@@ -101,7 +98,7 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         self.record_observations = False
         self._observed: list[list[str]] = [[] for _ in range(num_envs)]
         self.finished: list[EpisodeRecord] = []
-        self.counters = dict.fromkeys(COUNTERS, 0)  # since the last `pop_stats`
+        self.counters = zero_counts()  # since the last `pop_stats`
         # Seconds spent since the last `pop_stats`, reported as these counters (in ms).
         self._seconds = {"env_ms": 0.0, "reflection_ms": 0.0, "policy_ms": 0.0}
         self._returned_at: float | None = None  # when the last observation went to RLlib
@@ -156,21 +153,21 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         self._start_queues = [list(queue) for queue in starts]
         self._needs_reset[:] = True
 
-    def pop_stats(self) -> dict[str, Any]:
+    def pop_stats(self) -> WorkerStats:
         """What happened since the last call (the coordinator polls this once per iteration):
         finished episodes and per-iteration counters, which the coordinator sums, so a
         restarted worker (counters at 0) never makes a total go backwards."""
         for key, seconds in self._seconds.items():
             self.counters[key] = round(1000 * seconds)
-        stats = {
-            "worker_index": self.worker_index,
-            "episodes": [asdict(e) for e in self.finished],
-            "stage": self.stage,
-            "random_state": self.random_state(),
+        stats = WorkerStats(
+            worker_index=self.worker_index,
+            episodes=self.finished,
+            stage=self.stage,
+            random_state=self.random_state(),
             **self.counters,
-        }
+        )
         self.finished = []
-        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.counters = zero_counts()
         self._seconds = dict.fromkeys(self._seconds, 0.0)
         self._returned_at = None  # the wait until the next sampling round is not the policy's
         return stats
@@ -191,7 +188,7 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
             "menu_shuffles": [dict(rng.bit_generator.state) for rng in self._rngs],
             "seeded": seeded,
             # The worker process's streams: the policy samples its actions from torch's.
-            "process": rng_state.capture(),
+            "process": capture_streams(),
         }
 
     def set_random_state(self, state: dict[str, Any]) -> None:
@@ -209,7 +206,7 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
             rng.bit_generator.state = shuffle_state
         self._seeded = [bool(s) for s in state["seeded"]]
         if "process" in state:  # (older checkpoints have none)
-            rng_state.restore(state["process"])
+            restore_streams(state["process"])
         self._needs_reset[:] = True  # the next step starts fresh episodes on every env
 
     # --- gymnasium vector API -------------------------------------------------------------

@@ -32,7 +32,7 @@ from ray.rllib.evaluation.postprocessing import Postprocessing
 from ray.rllib.utils.torch_utils import explained_variance
 
 from reflectrl.models.policy import length_order
-from reflectrl.progress import board_reporter, take_learner_name
+from reflectrl.rollout.progress_board import board_reporter, take_learner_name
 
 # Loss statistics RLlib logs per loss call; re-logged as means over the whole minibatch.
 MEAN_STATS = (POLICY_LOSS_KEY, VF_LOSS_KEY, LEARNER_RESULTS_VF_LOSS_UNCLIPPED_KEY, ENTROPY_KEY)

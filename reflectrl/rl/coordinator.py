@@ -1,8 +1,8 @@
 """The coordinator: aggregate episode outcomes across all rollout workers and move every worker
 to the next curriculum stage when the success rate over the last window passes its bar.
 
-`Curriculum` is the decision (pure Python, tested alone); `CoordinatorCallback` is the thin
-RLlib hook that feeds it each iteration, pushes the stage to every EnvRunner, and re-applies it
+`Curriculum` (rl/curriculum.py) is the decision; `CoordinatorCallback` is the thin RLlib hook
+that feeds it each iteration, pushes the stage to every EnvRunner, and re-applies it
 to EnvRunners that RLlib restarted (they come back with the original env config).
 
 Workers report per-iteration counts (env steps, reflections, ...) and the coordinator keeps the
@@ -15,95 +15,32 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections import deque
-from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from ray.rllib.callbacks.callbacks import RLlibCallback
 
-from reflectrl.config import CurriculumConfig, StageConfig
-from reflectrl.errors import ConfigError
-from reflectrl.metrics import WORKER_COUNTERS as COUNTERS
+from reflectrl.rl.curriculum import Curriculum
+from reflectrl.rollout.seams import WORKER_COUNTERS as COUNTERS
+from reflectrl.rollout.seams import WorkerCounts, WorkerStats, zero_counts
 
 logger = logging.getLogger(__name__)
 
 
-class Curriculum:
-    def __init__(self, config: CurriculumConfig, env_stages: Sequence[str]) -> None:
-        self.enabled = config.enabled
-        stages = config.stages or [StageConfig(name=s) for s in env_stages]
-        unknown = [s.name for s in stages if s.name not in env_stages]
-        if unknown:
-            raise ConfigError(
-                f"curriculum.stages: unknown stage {unknown[0]!r}; valid: {', '.join(env_stages)}"
-            )
-        # Without a curriculum the agent trains on the last (full) stage only.
-        self.stages = stages if self.enabled else [stages[-1]]
-        self.window = config.window
-        self.review_share = config.review
-        self.min_episodes = config.min_episodes
-        self.index = 0
-        self.iterations_in_stage = 0
-        self.recent: deque[bool] = deque(maxlen=self.window)
-        self.episodes_in_stage = 0
+class CoordinatorReport(TypedDict):
+    """What the coordinator adds to RLlib's result of an iteration, as `result["reflectrl"]`."""
 
-    @property
-    def stage(self) -> str:
-        return self.stages[self.index].name
-
-    @property
-    def review_stages(self) -> tuple[str, ...]:
-        """The stages already passed, which `review_share` of the episodes replay."""
-        return tuple(s.name for s in self.stages[: self.index])
-
-    @property
-    def success_rate(self) -> float:
-        return sum(self.recent) / len(self.recent) if self.recent else 0.0
-
-    def observe(self, episodes: list[dict[str, Any]]) -> None:
-        """Finished episodes from any worker; only those played in the current stage count."""
-        for episode in episodes:
-            if episode["stage"] == self.stage:
-                self.recent.append(bool(episode["success"]))
-                self.episodes_in_stage += 1
-
-    def end_iteration(self) -> str | None:
-        """Advance if the bar is passed (or the stage's iteration cap is hit); new stage or None."""
-        self.iterations_in_stage += 1
-        if self.index + 1 >= len(self.stages):
-            return None
-        spec = self.stages[self.index]
-        passed = (
-            self.episodes_in_stage >= self.min_episodes
-            and len(self.recent) >= min(self.window, self.min_episodes)
-            and self.success_rate >= spec.success_threshold
-        )
-        capped = spec.max_iterations is not None and self.iterations_in_stage >= spec.max_iterations
-        if not (passed or capped):
-            return None
-        self.index += 1
-        self.iterations_in_stage = 0
-        self.episodes_in_stage = 0
-        self.recent.clear()
-        return self.stage
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "stage": self.stage,
-            "iterations_in_stage": self.iterations_in_stage,
-            "episodes_in_stage": self.episodes_in_stage,
-            "recent": list(self.recent),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        names = [s.name for s in self.stages]
-        if state["stage"] not in names:
-            raise ValueError(f"checkpointed stage {state['stage']!r} is not in {names}")
-        self.index = names.index(state["stage"])
-        self.iterations_in_stage = int(state["iterations_in_stage"])
-        self.episodes_in_stage = int(state["episodes_in_stage"])
-        self.recent = deque((bool(x) for x in state["recent"]), maxlen=self.window)
+    episodes: int  # finished in this iteration, on every worker
+    # Played in a stage already passed: `curriculum.review`, or begun before a switch.
+    earlier_stage_episodes: int
+    iteration_counts: WorkerCounts  # summed over workers
+    totals: WorkerCounts  # the run's
+    success_rate: float  # over the curriculum's window
+    episode_return_mean: float | None
+    episode_len_mean: float | None
+    stage: str  # played in this iteration
+    next_stage: str
+    worker_stages: list[str]
+    restarted_workers: int  # the run's
 
 
 def _set_stage(
@@ -120,7 +57,7 @@ def _set_stage(
     return env.stage
 
 
-def _pop_stats(runner: Any) -> dict[str, Any]:
+def _pop_stats(runner: Any) -> WorkerStats:
     return runner.env.unwrapped.pop_stats()
 
 
@@ -132,7 +69,7 @@ class CoordinatorCallback(RLlibCallback):
         super().__init__()
         self.curriculum: Curriculum | None = None
         self.restarted_workers = 0
-        self.totals = dict.fromkeys(COUNTERS, 0)
+        self.totals = zero_counts()
         self.random_states: dict[int, dict[str, Any]] = {}  # worker index -> env random state
 
     def push_stage(
@@ -180,9 +117,10 @@ class CoordinatorCallback(RLlibCallback):
         episodes = [e for stats in per_worker for e in stats["episodes"]]
         for stats in per_worker:
             self.random_states[int(stats["worker_index"])] = stats["random_state"]
-        iteration = {key: sum(int(stats[key]) for stats in per_worker) for key in COUNTERS}
-        for key, value in iteration.items():
-            self.totals[key] += value
+        iteration = zero_counts()
+        for key in COUNTERS:
+            iteration[key] = sum(int(stats[key]) for stats in per_worker)
+            self.totals[key] += iteration[key]
         stage_played = self.curriculum.stage
         passed = self.curriculum.review_stages
         self.curriculum.observe(episodes)
@@ -191,24 +129,23 @@ class CoordinatorCallback(RLlibCallback):
         if new_stage is not None:
             logger.info("curriculum: %s -> %s", stage_played, new_stage)
             self.push_stage(algorithm.env_runner_group)
-        result["reflectrl"] = {
-            "episodes": len(episodes),
-            # Played in a stage already passed: `curriculum.review`, or begun before a switch.
-            "earlier_stage_episodes": sum(e["stage"] in passed for e in episodes),
-            "iteration_counts": iteration,
-            "totals": dict(self.totals),
-            "success_rate": success_rate,
-            "episode_return_mean": (
+        result["reflectrl"] = CoordinatorReport(
+            episodes=len(episodes),
+            earlier_stage_episodes=sum(e["stage"] in passed for e in episodes),
+            iteration_counts=iteration,
+            totals=WorkerCounts(**self.totals),
+            success_rate=success_rate,
+            episode_return_mean=(
                 sum(e["episode_return"] for e in episodes) / len(episodes) if episodes else None
             ),
-            "episode_len_mean": (
+            episode_len_mean=(
                 sum(e["length"] for e in episodes) / len(episodes) if episodes else None
             ),
-            "stage": stage_played,
-            "next_stage": self.curriculum.stage,
-            "worker_stages": [stats["stage"] for stats in per_worker],
-            "restarted_workers": self.restarted_workers,
-        }
+            stage=stage_played,
+            next_stage=self.curriculum.stage,
+            worker_stages=[stats["stage"] for stats in per_worker],
+            restarted_workers=self.restarted_workers,
+        )
 
     def on_env_runners_recreated(
         self, *, algorithm: Any, env_runner_group: Any, env_runner_indices: list[int], **kw: Any
@@ -231,6 +168,8 @@ class CoordinatorCallback(RLlibCallback):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         assert self.curriculum is not None
         self.curriculum.load_state_dict(state["curriculum"])
-        self.totals = {key: int(state.get("totals", {}).get(key, 0)) for key in COUNTERS}
+        self.totals = zero_counts()
+        for key in COUNTERS:
+            self.totals[key] = int(state.get("totals", {}).get(key, 0))
         self.restarted_workers = int(state.get("restarted_workers", 0))
         self.random_states = {int(k): v for k, v in state.get("random_states", {}).items()}
