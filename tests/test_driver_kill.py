@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -40,9 +41,9 @@ pytestmark = pytest.mark.integration
 BURN = "import time\nend = time.monotonic() + 1800\nwhile time.monotonic() < end:\n    pass\n"
 
 
-@pytest.fixture
+@contextmanager
 def cpu_burner() -> Iterator[None]:
-    """A busy-looping process for the test's duration (in `make test` the other test process
+    """A busy-looping process while the block runs (in `make test` the other test process
     loads the other core)."""
     burner = subprocess.Popen([sys.executable, "-c", BURN])
     try:
@@ -68,37 +69,33 @@ def flat(tree: object, prefix: str = "") -> dict[str, np.ndarray]:
     return {}
 
 
-def test_a_resume_after_a_killed_driver_equals_a_straight_run(
-    tmp_path: Path, cpu_burner: None
-) -> None:
+def test_a_resume_after_a_killed_driver_equals_a_straight_run(tmp_path: Path) -> None:
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    # Both runs at once (each loads the other, besides the burner): the straight one to the
-    # end, the other's driver SIGKILLed as soon as iteration 2 is under way.
-    runs = {
-        out: subprocess.Popen(
-            [sys.executable, "-m", "reflectrl.cli", "launch", *DETERMINISTIC, "--output", str(out)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE if out == straight else subprocess.DEVNULL,
-            cwd=REPO,
-            text=True,
-        )
-        for out in (straight, killed)
-    }
-    process = runs[killed]
-    latest = killed / "checkpoints" / "latest"
-    deadline = time.monotonic() + 600
-    while not (latest.is_file() and latest.read_text() == "iter_000001"):
-        assert process.poll() is None and time.monotonic() < deadline, "no first checkpoint"
-        time.sleep(0.05)
-    os.kill(process.pid, signal.SIGKILL)  # iteration 2 has just started
-    process.wait(timeout=30)
-    assert latest.read_text() == "iter_000001"  # iteration 2 never finished
-    _, stderr = runs[straight].communicate(timeout=900)
-    assert runs[straight].returncode == 0, stderr[-3000:]
-
-    result = run_cli("launch", "--workers", "1", "--resume", str(killed), timeout=900)
+    result = run_cli("launch", *DETERMINISTIC, "--output", str(straight), timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "iter    2/3" in result.stdout and "iter    1/3" not in result.stdout
+
+    # The same run beside a busy core, its driver SIGKILLed as soon as iteration 2 is under
+    # way, then resumed: it must end bitwise where the straight run did.
+    with cpu_burner():
+        process = subprocess.Popen(
+            [sys.executable, "-m", "reflectrl.cli", "launch", *DETERMINISTIC, "--output",
+             str(killed)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=REPO,
+        )  # fmt: skip
+        latest = killed / "checkpoints" / "latest"
+        deadline = time.monotonic() + 600
+        while not (latest.is_file() and latest.read_text() == "iter_000001"):
+            assert process.poll() is None and time.monotonic() < deadline, "no first checkpoint"
+            time.sleep(0.05)
+        os.kill(process.pid, signal.SIGKILL)  # iteration 2 has just started
+        process.wait(timeout=30)
+        assert latest.read_text() == "iter_000001"  # iteration 2 never finished
+
+        result = run_cli("launch", "--workers", "1", "--resume", str(killed), timeout=900)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "iter    2/3" in result.stdout and "iter    1/3" not in result.stdout
 
     a = straight / "checkpoints" / "iter_000003"
     b = killed / "checkpoints" / "iter_000003"
