@@ -4,8 +4,9 @@ DangerousTaxi `pickup` from random start states: train for `--iterations` iterat
 smoke shape (2 workers x 2 envs x 16 steps), then run the greedy and the sampled policy on
 start states drawn from a stream training never uses (run.seed 10_000 + k). Taxi has only
 ~300 start states, so "held-out" here means unseen *draws*, not unseen states (METHOD.md).
-The script uses only APIs that older commits have too, so the same file measures a change
-before and after:  PYTHONPATH=<old checkout> python benchmarks/heldout_learning.py
+To measure a change before and after, run each commit's own copy of this file from a checkout
+of that commit (the package's layout moves between commits, and the script imports it):
+    git worktree add /tmp/before <commit> && cd /tmp/before && python -m benchmarks.heldout_learning
 
     python -m benchmarks.heldout_learning [--iterations 30] [--seed 0] [--out FILE]
 """
@@ -44,12 +45,8 @@ def main() -> None:
     import ray
 
     from reflectrl.config import load_config
-
-    try:
-        from reflectrl.evaluation.episodes import evaluate
-    except ImportError:  # commits before the evaluation package
-        from reflectrl.evaluate import evaluate  # type: ignore[no-redef]
     from reflectrl.data.model_dirs import resolve_model
+    from reflectrl.evaluation.episodes import evaluate
     from reflectrl.models.loading import load_tokenizer
     from reflectrl.rl.driver import Run
     from reflectrl.rollout.vector_env import ReflectRLVectorEnv

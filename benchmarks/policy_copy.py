@@ -13,7 +13,12 @@ Trunks: `recipe` is the config's `policy.model` as built (`scratch:<env>`: 2 lay
 depth; `gpt2` is the recipe's size with learned absolute positions.
 
     python -m benchmarks.policy_copy --data DIR [--config configs/auto_explore_cpu.yaml]
-        [--trunk recipe ...] [--steps 500] [--every 100] [--name FILE]
+        [--trunk recipe ...] [--steps 500] [--every 100] [--prompt-loss W] [--name FILE]
+
+`--prompt-loss W` adds W x the next-token loss over the prompts' own tokens to the label loss
+(the trunk then also learns the env's text, as a pretrained LM would have; SFT itself trains
+the label only). Data made with `--set env.shuffle_options=true` takes away the label prior
+that the env's menu order gives.
 """
 
 from __future__ import annotations
@@ -60,9 +65,9 @@ def policy_rows(
     return rows
 
 
-def batch_logits(trunk: Any, rows: list[Any], label_ids: Any, pad: int) -> tuple[Any, Any]:
-    """Label logits at each row's last position (labels past its menu masked out), and the
-    taught labels."""
+def batch_logits(trunk: Any, rows: list[Any], label_ids: Any, pad: int) -> tuple[Any, Any, Any]:
+    """Label logits at each row's last position (labels past its menu masked out), the taught
+    labels, and the next-token loss over the prompts' own tokens."""
     import torch
 
     width = max(len(ids) for ids, _, _ in rows)
@@ -74,7 +79,9 @@ def batch_logits(trunk: Any, rows: list[Any], label_ids: Any, pad: int) -> tuple
     scores = out[torch.arange(len(rows)), last][:, label_ids]
     menus = torch.tensor([menu for _, menu, _ in rows])
     scores = scores.masked_fill(torch.arange(len(label_ids))[None] >= menus[:, None], -1e9)
-    return scores, torch.tensor([taught for _, _, taught in rows])
+    targets = x[:, 1:].masked_fill(x[:, 1:] == pad, -100)
+    prompt_loss = torch.nn.functional.cross_entropy(out[:, :-1].flatten(0, 1), targets.flatten())
+    return scores, torch.tensor([taught for _, _, taught in rows]), prompt_loss
 
 
 def accuracy(trunk: Any, rows: list[Any], label_ids: Any, pad: int) -> float:
@@ -83,7 +90,7 @@ def accuracy(trunk: Any, rows: list[Any], label_ids: Any, pad: int) -> float:
     hits = 0
     with torch.no_grad():
         for i in range(0, len(rows), 64):
-            scores, taught = batch_logits(trunk, rows[i : i + 64], label_ids, pad)
+            scores, taught, _ = batch_logits(trunk, rows[i : i + 64], label_ids, pad)
             hits += int((scores.argmax(-1) == taught).sum())
     return hits / len(rows)
 
@@ -111,13 +118,15 @@ def learning_curve(name: str, args: argparse.Namespace) -> dict[str, Any]:
     curve, started = [], time.perf_counter()
     for step in range(1, args.steps + 1):
         picks = torch.randint(len(train), (BATCH,), generator=draw).tolist()
-        scores, taught = batch_logits(trunk, [train[i] for i in picks], label_ids, pad)
+        scores, taught, prompt_loss = batch_logits(trunk, [train[i] for i in picks], label_ids, pad)
         loss = torch.nn.functional.cross_entropy(scores, taught)
+        if args.prompt_loss:
+            loss = loss + args.prompt_loss * prompt_loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         if step % args.every == 0 or step == args.steps:
-            point = {"step": step, "loss": round(float(loss), 4),
+            point = {"step": step, "loss": round(float(loss.detach()), 4),
                      "held_out": accuracy(trunk, held_out, label_ids, pad),
                      "train_s": round(time.perf_counter() - started)}  # fmt: skip
             curve.append(point)
@@ -132,6 +141,7 @@ def learning_curve(name: str, args: argparse.Namespace) -> dict[str, Any]:
     return {
         "trunk": name,
         "reflection_quotes": not args.unquoted,
+        "prompt_loss_weight": args.prompt_loss,
         "params": sum(p.numel() for p in trunk.parameters()),
         "train_rows": len(train),
         "held_out_rows": len(held_out),
@@ -154,6 +164,9 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=100, help="score every this many steps")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--unquoted", action="store_true", help="unquote the reflections' commands")
+    parser.add_argument("--prompt-loss", type=float, default=0.0,
+                        help="weight of a next-token loss over the prompt tokens, added to the "
+                        "label loss (0: the label only, as SFT trains the policy)")  # fmt: skip
     parser.add_argument("--name", default="policy_copy", help="results file name")
     args = parser.parse_args()
     started = time.perf_counter()

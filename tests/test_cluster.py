@@ -215,17 +215,17 @@ def test_a_dashboard_port_taken_at_the_last_moment_is_retried_on_another(
 
     import ray
 
-    from reflectrl.cluster import ray_init as ray_cluster
+    from reflectrl.cluster import ray_init
 
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     port = taken.getsockname()[1]
-    real = ray_cluster._free_port
+    real = ray_init._free_port
     answers = iter([port])  # the first check says the taken port is free
-    monkeypatch.setattr(ray_cluster, "_free_port", lambda h, p: next(answers, None) or real(h, p))
+    monkeypatch.setattr(ray_init, "_free_port", lambda h, p: next(answers, None) or real(h, p))
     try:
-        url = ray_cluster.init_ray(None, load_config(SMOKE), workers=1)
+        url = ray_init.init_ray(None, load_config(SMOKE), workers=1)
     finally:
         ray.shutdown()
         taken.close()

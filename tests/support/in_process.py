@@ -1,6 +1,6 @@
 """RLlib's rollout worker (EnvRunner) and PPO learner in this process, without Ray actors.
 
-The same pieces a run builds (`launch.build_ppo_config`), for tests, benchmarks and debugging:
+The same pieces a run builds (`rl.ppo.build_ppo_config`), for tests, benchmarks and debugging:
 `sample` returns episodes exactly as a rollout worker sends them, `train_batch` runs the
 learner's connector pipeline on them (bootstrap rows, LOSS_MASK, GAE) and `update` is one PPO
 iteration's update (epochs x minibatches), as `PPO.training_step` calls it.
