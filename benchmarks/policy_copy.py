@@ -65,9 +65,11 @@ def policy_rows(
     return rows
 
 
-def batch_logits(trunk: Any, rows: list[Any], label_ids: Any, pad: int) -> tuple[Any, Any, Any]:
+def batch_logits(
+    trunk: Any, rows: list[Any], label_ids: Any, pad: int, prompt_loss: bool = False
+) -> tuple[Any, Any, Any]:
     """Label logits at each row's last position (labels past its menu masked out), the taught
-    labels, and the next-token loss over the prompts' own tokens."""
+    labels, and (with `prompt_loss`, else None) the next-token loss over the prompts' tokens."""
     import torch
 
     width = max(len(ids) for ids, _, _ in rows)
@@ -79,9 +81,15 @@ def batch_logits(trunk: Any, rows: list[Any], label_ids: Any, pad: int) -> tuple
     scores = out[torch.arange(len(rows)), last][:, label_ids]
     menus = torch.tensor([menu for _, menu, _ in rows])
     scores = scores.masked_fill(torch.arange(len(label_ids))[None] >= menus[:, None], -1e9)
+    taught_labels = torch.tensor([t for _, _, t in rows])
+    if not prompt_loss:
+        return scores, taught_labels, None
     targets = x[:, 1:].masked_fill(x[:, 1:] == pad, -100)
-    prompt_loss = torch.nn.functional.cross_entropy(out[:, :-1].flatten(0, 1), targets.flatten())
-    return scores, torch.tensor([taught for _, _, taught in rows]), prompt_loss
+    return (
+        scores,
+        taught_labels,
+        torch.nn.functional.cross_entropy(out[:, :-1].flatten(0, 1), targets.flatten()),
+    )
 
 
 def accuracy(trunk: Any, rows: list[Any], label_ids: Any, pad: int) -> float:
@@ -118,9 +126,12 @@ def learning_curve(name: str, args: argparse.Namespace) -> dict[str, Any]:
     curve, started = [], time.perf_counter()
     for step in range(1, args.steps + 1):
         picks = torch.randint(len(train), (BATCH,), generator=draw).tolist()
-        scores, taught, prompt_loss = batch_logits(trunk, [train[i] for i in picks], label_ids, pad)
+        batch = [train[i] for i in picks]
+        scores, taught, prompt_loss = batch_logits(
+            trunk, batch, label_ids, pad, args.prompt_loss > 0
+        )
         loss = torch.nn.functional.cross_entropy(scores, taught)
-        if args.prompt_loss:
+        if prompt_loss is not None:
             loss = loss + args.prompt_loss * prompt_loss
         optimizer.zero_grad()
         loss.backward()
