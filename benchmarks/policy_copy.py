@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import re
 import sys
 import time
@@ -32,9 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import build_trunk, print_table, write_results
+from reflectrl.text.prompts import ACTION_MARKER, ANALYZE_MARKER, MENU_HEADER, render_menu
 
 REPO = Path(__file__).resolve().parents[1]
-TRUNKS = ("recipe", "llama_2x128_4h", "llama_4x128", "gpt2")
+TRUNKS = ("recipe", "llama_2x128_4h", "llama_4x128", "gpt2", "smollm2_4l", "smollm2_8l")
 BATCH = 32
 QUOTED = re.compile(r' "([^"]+)"')
 
@@ -49,20 +51,50 @@ def unquote_reflection(prompt: str) -> str:
     return f"{head} # Analyze:{unquoted}Valid actions:{menu}"
 
 
+def without_observation(prompt: str) -> str:
+    """The prompt's task line, reflection and menu: the observation between them left out."""
+    task = prompt.split("\n", 1)[0]
+    return task + ANALYZE_MARKER + prompt.split(ANALYZE_MARKER, 1)[1]
+
+
+def reorder_menu(prompt: str, taught: int, labels: str, draw: random.Random) -> tuple[str, int]:
+    """The prompt with its menu's actions in a random order (labels stay in order), and the
+    label the taught action now has: the menu order then tells nothing about the answer."""
+    head, menu = prompt.rsplit(MENU_HEADER, 1)
+    actions = [line.split(". ", 1)[1] for line in menu.removesuffix(ACTION_MARKER).split("\n")]
+    order = list(range(len(actions)))
+    draw.shuffle(order)
+    menu = render_menu(actions, labels, order)
+    return f"{head}{MENU_HEADER}{menu}{ACTION_MARKER}", order.index(taught)
+
+
 def policy_rows(
-    data: Path, split: str, tokenizer: Any, labels: str, unquoted: bool = False
-) -> list[tuple[list[int], int, int]]:
-    """(prompt ids, menu length, taught label's index) of every policy row of `split`."""
+    data: Path, split: str, labels: str, unquoted: bool = False, context: str = "full"
+) -> list[tuple[str, int, int]]:
+    """(prompt, menu length, taught label's index) of every policy row of `split`."""
     rows = []
     for line in (data / "data.jsonl").open():
         row = json.loads(line)
         if row["target"] != "sft_policy" or row["split"] != split:
             continue
-        menu = row["prompt"].rsplit("Valid actions:\n", 1)[1].count("\n") + 1
+        menu = row["prompt"].rsplit(MENU_HEADER, 1)[1].count("\n") + 1
         prompt = unquote_reflection(row["prompt"]) if unquoted else row["prompt"]
-        ids = tokenizer.encode(prompt, add_special_tokens=False)
-        rows.append((ids, menu, labels.index(row["completion"])))
+        if context == "reflection":
+            prompt = without_observation(prompt)
+        rows.append((prompt, menu, labels.index(row["completion"])))
     return rows
+
+
+def encoded(
+    rows: list[tuple[str, int, int]], tokenizer: Any, labels: str, draw: random.Random | None
+) -> list[tuple[list[int], int, int]]:
+    """Rows as token ids; with `draw`, each menu reordered first."""
+    out = []
+    for prompt, menu, taught in rows:
+        if draw is not None:
+            prompt, taught = reorder_menu(prompt, taught, labels, draw)
+        out.append((tokenizer.encode(prompt, add_special_tokens=False), menu, taught))
+    return out
 
 
 def batch_logits(
@@ -77,8 +109,13 @@ def batch_logits(
     for i, (ids, _, _) in enumerate(rows):
         x[i, : len(ids)] = torch.tensor(ids)
     last = torch.tensor([len(ids) - 1 for ids, _, _ in rows])
-    out = trunk(input_ids=x, attention_mask=(x != pad).long()).logits
-    scores = out[torch.arange(len(rows)), last][:, label_ids]
+    mask = (x != pad).long()
+    if prompt_loss:
+        out = trunk(input_ids=x, attention_mask=mask).logits
+        scores = out[torch.arange(len(rows)), last][:, label_ids]
+    else:  # the LM head at the last positions only: a 49k-id head over every position is GBs
+        hidden = trunk.base_model(input_ids=x, attention_mask=mask).last_hidden_state
+        scores = trunk.lm_head(hidden[torch.arange(len(rows)), last])[:, label_ids]
     menus = torch.tensor([menu for _, menu, _ in rows])
     scores = scores.masked_fill(torch.arange(len(label_ids))[None] >= menus[:, None], -1e9)
     taught_labels = torch.tensor([t for _, _, t in rows])
@@ -103,30 +140,49 @@ def accuracy(trunk: Any, rows: list[Any], label_ids: Any, pad: int) -> float:
     return hits / len(rows)
 
 
+def pretrained_slice(model_dir: Path, layers: int) -> Any:
+    """SmolLM2-135M's embeddings and its first `layers` blocks (of 30), pretrained weights."""
+    from reflectrl.models.loading import load_causal_lm
+
+    model = load_causal_lm(model_dir)
+    model.model.layers = model.model.layers[:layers]
+    model.config.num_hidden_layers = layers
+    return model
+
+
 def learning_curve(name: str, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from reflectrl.config import load_config
     from reflectrl.data.model_dirs import resolve_model
     from reflectrl.models.loading import load_tokenizer
-    from reflectrl.text.prompts import ACTION_MARKER
     from reflectrl.text.tokens import label_token_ids
 
     config = load_config(args.config)
-    model_dir = resolve_model(config.policy.model)
+    pretrained = name.startswith("smollm2_")
+    model_dir = resolve_model("smollm2" if pretrained else config.policy.model)
     tokenizer = load_tokenizer(model_dir)
     labels = config.policy.labels
     label_ids = torch.tensor(label_token_ids(tokenizer, labels, ACTION_MARKER))
-    train = policy_rows(args.data, "train", tokenizer, labels, args.unquoted)
-    held_out = policy_rows(args.data, "eval", tokenizer, labels, args.unquoted)
+    train = policy_rows(args.data, "train", labels, args.unquoted, args.context)
+    # Reordered held-out menus (one fixed draw) score reading alone, without the order's prior.
+    held_out = encoded(
+        policy_rows(args.data, "eval", labels, args.unquoted, args.context), tokenizer, labels,
+        random.Random(1) if args.reorder_menus else None,
+    )  # fmt: skip
+    reorder = random.Random(0) if args.reorder_menus else None
     pad = tokenizer.pad_token_id
-    trunk = build_trunk(name, model_dir, len(tokenizer))
+    trunk = (
+        pretrained_slice(model_dir, int(name.split("_")[1].removesuffix("l")))
+        if pretrained
+        else build_trunk(name, model_dir, len(tokenizer))
+    )
     optimizer = torch.optim.AdamW(trunk.parameters(), lr=args.lr)
     draw = torch.Generator().manual_seed(0)
     curve, started = [], time.perf_counter()
     for step in range(1, args.steps + 1):
         picks = torch.randint(len(train), (BATCH,), generator=draw).tolist()
-        batch = [train[i] for i in picks]
+        batch = encoded([train[i] for i in picks], tokenizer, labels, reorder)
         scores, taught, prompt_loss = batch_logits(
             trunk, batch, label_ids, pad, args.prompt_loss > 0
         )
@@ -153,6 +209,8 @@ def learning_curve(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "trunk": name,
         "reflection_quotes": not args.unquoted,
         "prompt_loss_weight": args.prompt_loss,
+        "context": args.context,
+        "reordered_menus": args.reorder_menus,
         "params": sum(p.numel() for p in trunk.parameters()),
         "train_rows": len(train),
         "held_out_rows": len(held_out),
@@ -178,6 +236,12 @@ def main() -> None:
     parser.add_argument("--prompt-loss", type=float, default=0.0,
                         help="weight of a next-token loss over the prompt tokens, added to the "
                         "label loss (0: the label only, as SFT trains the policy)")  # fmt: skip
+    parser.add_argument("--context", choices=("full", "reflection"), default="full",
+                        help="reflection: leave the observation out of every prompt (task line, "
+                        "reflection and menu only)")  # fmt: skip
+    parser.add_argument("--reorder-menus", action="store_true",
+                        help="reorder every menu at random (train: a fresh order each "
+                        "draw; held out: one fixed order): the order tells nothing")  # fmt: skip
     parser.add_argument("--name", default="policy_copy", help="results file name")
     args = parser.parse_args()
     started = time.perf_counter()
