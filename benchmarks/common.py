@@ -37,6 +37,7 @@ def _fmt(value: Any) -> str:
 # config's own model as built; the others are random-init over the same vocabulary.
 TRUNK_SHAPES: dict[str, dict[str, Any]] = {
     "gpt2": {"layers": 2, "heads": 2, "width": 128},  # learned absolute positions
+    "llama_2x128": {"layers": 2, "heads": 2, "width": 128},  # the recipe's shape, seed 0
     "llama_2x128_4h": {"layers": 2, "heads": 4, "width": 128},
     "llama_4x128": {"layers": 4, "heads": 2, "width": 128},
     "llama_4x256": {"layers": 4, "heads": 4, "width": 256},

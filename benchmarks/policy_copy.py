@@ -18,7 +18,9 @@ depth; `gpt2` is the recipe's size with learned absolute positions.
 `--prompt-loss W` adds W x the next-token loss over the prompts' own tokens to the label loss
 (the trunk then also learns the env's text, as a pretrained LM would have; SFT itself trains
 the label only). Data made with `--set env.shuffle_options=true` takes away the label prior
-that the env's menu order gives.
+that the env's menu order gives; so does `--reorder-menus` (a fresh order at every draw).
+`--context reflection` leaves the observation out of every prompt; `--vocab N` puts the
+trunks over an N-id tokenizer trained on the data's train rows instead of the config's.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from benchmarks.common import build_trunk, print_table, write_results
 from reflectrl.text.prompts import ACTION_MARKER, ANALYZE_MARKER, MENU_HEADER, render_menu
 
 REPO = Path(__file__).resolve().parents[1]
-TRUNKS = ("recipe", "llama_2x128_4h", "llama_4x128", "gpt2", "smollm2_4l", "smollm2_8l")
+TRUNKS = ("recipe", "llama_2x128_4h", "llama_4x128", "gpt2")
 BATCH = 32
 QUOTED = re.compile(r' "([^"]+)"')
 
@@ -140,14 +142,18 @@ def accuracy(trunk: Any, rows: list[Any], label_ids: Any, pad: int) -> float:
     return hits / len(rows)
 
 
-def pretrained_slice(model_dir: Path, layers: int) -> Any:
-    """SmolLM2-135M's embeddings and its first `layers` blocks (of 30), pretrained weights."""
-    from reflectrl.models.loading import load_causal_lm
+def vocab_model(data: Path, vocab: int) -> Path:
+    """The recipe's trunk (seeded, 2 x 128) over a byte-level BPE of `vocab` ids trained on the
+    data's train rows (every target's prompt and completion), built once into the data folder."""
+    from reflectrl.data.scratch import train_tokenizer
+    from reflectrl.models.loading import save_random_llama
 
-    model = load_causal_lm(model_dir)
-    model.model.layers = model.model.layers[:layers]
-    model.config.num_hidden_layers = layers
-    return model
+    out = data / f"scratch-vocab{vocab}"
+    if not (out / "config.json").is_file():
+        rows = (json.loads(line) for line in (data / "data.jsonl").open())
+        texts = (r["prompt"] + r["completion"] for r in rows if r["split"] == "train")
+        save_random_llama(train_tokenizer(texts, vocab), out)
+    return out
 
 
 def learning_curve(name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -159,8 +165,9 @@ def learning_curve(name: str, args: argparse.Namespace) -> dict[str, Any]:
     from reflectrl.text.tokens import label_token_ids
 
     config = load_config(args.config)
-    pretrained = name.startswith("smollm2_")
-    model_dir = resolve_model("smollm2" if pretrained else config.policy.model)
+    model_dir = (
+        vocab_model(args.data, args.vocab) if args.vocab else resolve_model(config.policy.model)
+    )
     tokenizer = load_tokenizer(model_dir)
     labels = config.policy.labels
     label_ids = torch.tensor(label_token_ids(tokenizer, labels, ACTION_MARKER))
@@ -172,11 +179,7 @@ def learning_curve(name: str, args: argparse.Namespace) -> dict[str, Any]:
     )  # fmt: skip
     reorder = random.Random(0) if args.reorder_menus else None
     pad = tokenizer.pad_token_id
-    trunk = (
-        pretrained_slice(model_dir, int(name.split("_")[1].removesuffix("l")))
-        if pretrained
-        else build_trunk(name, model_dir, len(tokenizer))
-    )
+    trunk = build_trunk(name, model_dir, len(tokenizer))
     optimizer = torch.optim.AdamW(trunk.parameters(), lr=args.lr)
     draw = torch.Generator().manual_seed(0)
     curve, started = [], time.perf_counter()
@@ -210,6 +213,7 @@ def learning_curve(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "reflection_quotes": not args.unquoted,
         "prompt_loss_weight": args.prompt_loss,
         "context": args.context,
+        "vocab": len(tokenizer),
         "reordered_menus": args.reorder_menus,
         "params": sum(p.numel() for p in trunk.parameters()),
         "train_rows": len(train),
@@ -236,6 +240,9 @@ def main() -> None:
     parser.add_argument("--prompt-loss", type=float, default=0.0,
                         help="weight of a next-token loss over the prompt tokens, added to the "
                         "label loss (0: the label only, as SFT trains the policy)")  # fmt: skip
+    parser.add_argument("--vocab", type=int, default=0,
+                        help="with the recipe's trunk: a tokenizer of this many ids trained on "
+                        "the data's train rows, not the config's (0: the config's)")  # fmt: skip
     parser.add_argument("--context", choices=("full", "reflection"), default="full",
                         help="reflection: leave the observation out of every prompt (task line, "
                         "reflection and menu only)")  # fmt: skip

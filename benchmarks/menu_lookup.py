@@ -1,0 +1,144 @@
+"""Can a from-scratch trunk learn to look a command up on a menu at all? Two synthetic tasks
+on short rows built from one data folder's own menu commands (its train split), with the
+policy's objective (the label logits at the last position, softmax over the menu, cross-entropy):
+
+- `label`: the row names the label itself (`Next: 7`, then the menu): one copied token.
+- `command`: the row names the command (`Next: cat utils.py`, then the menu), as a
+  reflection does; answering means finding that command on the menu and giving its label.
+
+    Next: cat utils.py
+    Valid actions:
+    1. id setup.py
+    2. cat utils.py
+    3. cd tests # Action:
+    -> 2
+
+Menus of 3-12 commands drawn at random (a uniform pick scores 0.160), the taught line uniform,
+so no order or prior helps. Trunks are seeded random-init Llamas of width 128 and 2 heads
+(benchmarks/common.py's `llama_2x128`, `llama_4x128`) over the `--model` directory's
+tokenizer; every row is fresh, and 512 fixed rows are held out.
+
+    python -m benchmarks.menu_lookup --data DIR --model MODEL_DIR [--task label --task command]
+        [--layers 2 --layers 4] [--steps 2000] [--every 250]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import build_trunk, print_table, write_results
+from reflectrl.text.prompts import ACTION_MARKER, MENU_HEADER, render_menu
+
+LABELS = "123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+BATCH = 32
+HELD_OUT = 512
+
+
+def menu_commands(data: Path) -> list[str]:
+    """Every command the train split's policy rows show on a menu."""
+    commands = set()
+    for line in (data / "data.jsonl").open():
+        row = json.loads(line)
+        if row["target"] == "sft_policy" and row["split"] == "train":
+            menu = row["prompt"].rsplit(MENU_HEADER, 1)[1].removesuffix(ACTION_MARKER)
+            commands.update(entry.split(". ", 1)[1] for entry in menu.split("\n"))
+    return sorted(commands)
+
+
+def lookup_row(task: str, commands: list[str], draw: random.Random) -> tuple[str, int, int]:
+    """(text, menu length, taught label's index) of one synthetic row."""
+    menu = draw.sample(commands, draw.randint(3, 12))
+    taught = draw.randrange(len(menu))
+    named = LABELS[taught] if task == "label" else menu[taught]
+    text = f"Next: {named}{MENU_HEADER}{render_menu(menu, LABELS, range(len(menu)))}"
+    return text + ACTION_MARKER, len(menu), taught
+
+
+def label_scores(model: Any, tokenizer: Any, rows: list[Any], label_ids: Any) -> Any:
+    import torch
+
+    ids = [tokenizer.encode(text, add_special_tokens=False) for text, _, _ in rows]
+    pad = tokenizer.pad_token_id
+    x = torch.full((len(ids), max(map(len, ids))), pad)
+    for i, row in enumerate(ids):
+        x[i, : len(row)] = torch.tensor(row)
+    hidden = model.base_model(input_ids=x, attention_mask=(x != pad).long()).last_hidden_state
+    last = torch.tensor([len(row) - 1 for row in ids])
+    scores = model.lm_head(hidden[torch.arange(len(ids)), last])[:, label_ids]
+    menus = torch.tensor([menu for _, menu, _ in rows])
+    return scores.masked_fill(torch.arange(len(label_ids))[None] >= menus[:, None], -1e9)
+
+
+def learning_curve(task: str, layers: int, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from reflectrl.models.loading import load_tokenizer
+    from reflectrl.text.tokens import label_token_ids
+
+    tokenizer = load_tokenizer(args.model)
+    label_ids = torch.tensor(label_token_ids(tokenizer, LABELS, ACTION_MARKER))
+    commands = menu_commands(args.data)
+    held_out = [lookup_row(task, commands, random.Random(10_000 + i)) for i in range(HELD_OUT)]
+    taught = torch.tensor([t for _, _, t in held_out])
+    model = build_trunk(f"llama_{layers}x128", args.model, len(tokenizer))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    draw, curve, started = random.Random(0), [], time.perf_counter()
+    for step in range(1, args.steps + 1):
+        rows = [lookup_row(task, commands, draw) for _ in range(BATCH)]
+        scores = label_scores(model, tokenizer, rows, label_ids)
+        loss = torch.nn.functional.cross_entropy(scores, torch.tensor([t for _, _, t in rows]))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % args.every == 0 or step == args.steps:
+            with torch.no_grad():
+                picks = label_scores(model, tokenizer, held_out, label_ids).argmax(-1)
+            point = {"step": step, "loss": round(float(loss.detach()), 4),
+                     "held_out": float((picks == taught).float().mean()),
+                     "train_s": round(time.perf_counter() - started)}  # fmt: skip
+            curve.append(point)
+            print(f"{task}, {layers} layers: step {step}, loss {point['loss']:.3f}, held-out "
+                  f"{point['held_out']:.3f}, {point['train_s']} s", file=sys.stderr)  # fmt: skip
+    return {
+        "task": task,
+        "layers": layers,
+        "vocab": len(tokenizer),
+        "commands": len(commands),
+        "chance": sum(1 / menu for _, menu, _ in held_out) / HELD_OUT,
+        "final_held_out": curve[-1]["held_out"],
+        "best_held_out": max(p["held_out"] for p in curve),
+        "seconds": curve[-1]["train_s"],
+        "curve": curve,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, required=True, help="a `reflectrl data` folder")
+    parser.add_argument("--model", type=Path, required=True, help="a model dir (its tokenizer)")
+    parser.add_argument("--task", action="append", choices=("label", "command"))
+    parser.add_argument("--layers", action="append", type=int, choices=(2, 4), help="default: 2")
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--every", type=int, default=250)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--name", default="menu_lookup", help="results file name")
+    args = parser.parse_args()
+    command = "python -m benchmarks.menu_lookup " + " ".join(sys.argv[1:])
+    rows: list[dict[str, Any]] = []
+    for task in args.task or ["label", "command"]:
+        for layers in args.layers or [2]:  # written after each curve: a long grid keeps them
+            rows.append(learning_curve(task, layers, args))
+            path = write_results(args.name, {"command": command, "rows": rows})
+    columns = ["task", "layers", "vocab", "chance", "best_held_out", "final_held_out", "seconds"]
+    print_table(rows, columns)
+    print(path)
+
+
+if __name__ == "__main__":
+    main()
