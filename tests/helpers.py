@@ -110,16 +110,21 @@ def run_cli(
     *args: str, timeout: float = 600, extra_env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """`reflectrl ARGS` in a fresh process on a local Ray, as a user runs it."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled", **(extra_env or {})}
-    env.pop("RAY_ADDRESS", None)
     return subprocess.run(
         [sys.executable, "-m", "reflectrl.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=env,
+        env=cli_env(extra_env),
         cwd=Path(__file__).resolve().parents[1],
     )
+
+
+def cli_env(extra_env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a CLI process under test: offline, its own local Ray."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled", **(extra_env or {})}
+    env.pop("RAY_ADDRESS", None)
+    return env
 
 
 def png_size(path: Path) -> tuple[int, int]:

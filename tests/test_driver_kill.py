@@ -1,6 +1,6 @@
 """The driver SIGKILLed mid-iteration, then `--resume`: in a deterministic config the result is
-bitwise the result of a run that was never interrupted, while another process keeps a core
-busy. Real CLI, Ray and RLlib."""
+bitwise the result of a run that was never interrupted, the two running side by side so that
+each loads the other's cores. Real CLI, Ray and RLlib."""
 
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.helpers import run_cli
+from tests.helpers import cli_env, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"
@@ -35,22 +33,24 @@ DETERMINISTIC = [
 
 # Under load, RLlib used to drop a weight sync whose predecessor's reply it had not seen yet,
 # so a worker sampled with older weights depending on timing (ReflectRLPPO.training_step now
-# resends them). The burner keeps that kind of timing dependence visible.
+# resends them). Two runs on shared cores, with the other test process beside them, keep that
+# kind of timing dependence visible: no two of them see the same timings.
 pytestmark = pytest.mark.integration
 
-BURN = "import time\nend = time.monotonic() + 1800\nwhile time.monotonic() < end:\n    pass\n"
 
-
-@contextmanager
-def cpu_burner() -> Iterator[None]:
-    """A busy-looping process while the block runs (in `make test` the other test process
-    loads the other core)."""
-    burner = subprocess.Popen([sys.executable, "-c", BURN])
-    try:
-        yield
-    finally:
-        burner.kill()
-        burner.wait()
+def launch(output: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """The deterministic run into `output`, started in the background; its stderr's file."""
+    stderr = output.with_suffix(".stderr")
+    with stderr.open("wb") as sink:  # a file, not a pipe: nobody reads it while it runs
+        process = subprocess.Popen(
+            [sys.executable, "-m", "reflectrl.cli", "launch", *DETERMINISTIC, "--output",
+             str(output)],
+            stdout=subprocess.DEVNULL,
+            stderr=sink,
+            cwd=REPO,
+            env=cli_env(),
+        )  # fmt: skip
+    return process, stderr
 
 
 def learner_state(checkpoint: Path) -> dict:
@@ -71,31 +71,31 @@ def flat(tree: object, prefix: str = "") -> dict[str, np.ndarray]:
 
 def test_a_resume_after_a_killed_driver_equals_a_straight_run(tmp_path: Path) -> None:
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    result = run_cli("launch", *DETERMINISTIC, "--output", str(straight), timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-
-    # The same run beside a busy core, its driver SIGKILLed as soon as iteration 2 is under
-    # way, then resumed: it must end bitwise where the straight run did.
-    with cpu_burner():
-        process = subprocess.Popen(
-            [sys.executable, "-m", "reflectrl.cli", "launch", *DETERMINISTIC, "--output",
-             str(killed)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            cwd=REPO,
-        )  # fmt: skip
+    # The straight run and the one whose driver is SIGKILLed as soon as iteration 2 is under
+    # way start together; the killed one is resumed while the straight one may still run. It
+    # must end bitwise where the straight run did.
+    straight_run, straight_log = launch(straight)
+    killed_run, killed_log = launch(killed)
+    try:
         latest = killed / "checkpoints" / "latest"
         deadline = time.monotonic() + 600
         while not (latest.is_file() and latest.read_text() == "iter_000001"):
-            assert process.poll() is None and time.monotonic() < deadline, "no first checkpoint"
+            assert killed_run.poll() is None, killed_log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "no first checkpoint"
             time.sleep(0.05)
-        os.kill(process.pid, signal.SIGKILL)  # iteration 2 has just started
-        process.wait(timeout=30)
+        os.kill(killed_run.pid, signal.SIGKILL)  # iteration 2 has just started
+        killed_run.wait(timeout=30)
         assert latest.read_text() == "iter_000001"  # iteration 2 never finished
 
         result = run_cli("launch", "--workers", "1", "--resume", str(killed), timeout=900)
         assert result.returncode == 0, result.stderr[-3000:]
         assert "iter    2/3" in result.stdout and "iter    1/3" not in result.stdout
+        assert straight_run.wait(timeout=900) == 0, straight_log.read_text()[-3000:]
+    finally:  # a failed check leaves no run behind
+        for run in (straight_run, killed_run):
+            if run.poll() is None:
+                run.kill()
+                run.wait()
 
     a = straight / "checkpoints" / "iter_000003"
     b = killed / "checkpoints" / "iter_000003"
