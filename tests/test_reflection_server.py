@@ -137,7 +137,7 @@ def test_real_server_reflects_in_one_request_and_stops_cleanly(
 
         assert server.process is not None
         pgid, port = server.process.pid, server.port
-        assert len(group_members(pgid)) >= 2  # the API server and vLLM's engine core
+        assert len(group_members(pgid)) >= 2  # the guard and the API server (engine inside)
     assert group_members(pgid) == []
     assert not server.is_running()
     with socket.socket() as sock:
