@@ -72,6 +72,7 @@ lint: install
 bench: install
 	$(BIN)/python -m benchmarks.env_throughput
 	$(BIN)/python -m benchmarks.reflection_batching
+	$(BIN)/python -m benchmarks.vllm_startup
 	$(BIN)/python -m benchmarks.weight_sync
 	$(BIN)/python -m benchmarks.learner_memory
 	$(BIN)/python -m benchmarks.learner_update

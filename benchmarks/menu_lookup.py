@@ -18,8 +18,11 @@ so no order or prior helps. Trunks are seeded random-init Llamas of width 128 an
 (benchmarks/common.py's `llama_2x128`, `llama_4x128`) over the `--model` directory's
 tokenizer; every row is fresh, and 512 fixed rows are held out.
 
+With `--grow`, training menus start at 2 commands and get one more each time 90% of the
+last 50 batches' rows were answered right (a curriculum); the held-out rows stay at 3-12.
+
     python -m benchmarks.menu_lookup --data DIR --model MODEL_DIR [--task label --task command]
-        [--layers 2 --layers 4] [--steps 2000] [--every 250]
+        [--layers 2 --layers 4] [--steps 2000] [--every 250] [--grow]
 """
 
 from __future__ import annotations
@@ -51,9 +54,11 @@ def menu_commands(data: Path) -> list[str]:
     return sorted(commands)
 
 
-def lookup_row(task: str, commands: list[str], draw: random.Random) -> tuple[str, int, int]:
+def lookup_row(
+    task: str, commands: list[str], draw: random.Random, longest: int = 12
+) -> tuple[str, int, int]:
     """(text, menu length, taught label's index) of one synthetic row."""
-    menu = draw.sample(commands, draw.randint(3, 12))
+    menu = draw.sample(commands, draw.randint(min(3, longest), longest))
     taught = draw.randrange(len(menu))
     named = LABELS[taught] if task == "label" else menu[taught]
     text = f"Next: {named}{MENU_HEADER}{render_menu(menu, LABELS, range(len(menu)))}"
@@ -89,25 +94,34 @@ def learning_curve(task: str, layers: int, args: argparse.Namespace) -> dict[str
     model = build_trunk(f"llama_{layers}x128", args.model, len(tokenizer))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     draw, curve, started = random.Random(0), [], time.perf_counter()
+    # --grow: menus of 2 commands first; one more each time 90% of the last 50 batches' rows
+    # were answered right (held-out rows keep menus of 3-12 throughout).
+    longest, recent = (2 if args.grow else 12), []
     for step in range(1, args.steps + 1):
-        rows = [lookup_row(task, commands, draw) for _ in range(BATCH)]
+        rows = [lookup_row(task, commands, draw, longest) for _ in range(BATCH)]
         scores = label_scores(model, tokenizer, rows, label_ids)
-        loss = torch.nn.functional.cross_entropy(scores, torch.tensor([t for _, _, t in rows]))
+        answers = torch.tensor([t for _, _, t in rows])
+        loss = torch.nn.functional.cross_entropy(scores, answers)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        recent = [*recent[-49:], float((scores.argmax(-1) == answers).float().mean())]
+        if args.grow and longest < 12 and len(recent) == 50 and sum(recent) / 50 >= 0.9:
+            longest, recent = longest + 1, []
         if step % args.every == 0 or step == args.steps:
             with torch.no_grad():
                 picks = label_scores(model, tokenizer, held_out, label_ids).argmax(-1)
             point = {"step": step, "loss": round(float(loss.detach()), 4),
-                     "held_out": float((picks == taught).float().mean()),
+                     "held_out": float((picks == taught).float().mean()), "longest_menu": longest,
                      "train_s": round(time.perf_counter() - started)}  # fmt: skip
             curve.append(point)
             print(f"{task}, {layers} layers: step {step}, loss {point['loss']:.3f}, held-out "
-                  f"{point['held_out']:.3f}, {point['train_s']} s", file=sys.stderr)  # fmt: skip
+                  f"{point['held_out']:.3f}, menus up to {longest}, {point['train_s']} s",
+                  file=sys.stderr)  # fmt: skip
     return {
         "task": task,
         "layers": layers,
+        "grow": args.grow,
         "vocab": len(tokenizer),
         "commands": len(commands),
         "chance": sum(1 / menu for _, menu, _ in held_out) / HELD_OUT,
@@ -127,6 +141,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--every", type=int, default=250)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--grow", action="store_true", help="train menus from 2 commands up")
     parser.add_argument("--name", default="menu_lookup", help="results file name")
     args = parser.parse_args()
     command = "python -m benchmarks.menu_lookup " + " ".join(sys.argv[1:])
