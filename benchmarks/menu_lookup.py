@@ -18,11 +18,15 @@ so no order or prior helps. Trunks are seeded random-init Llamas of width 128 an
 (benchmarks/common.py's `llama_2x128`, `llama_4x128`) over the `--model` directory's
 tokenizer; every row is fresh, and 512 fixed rows are held out.
 
+With `--pretrained`, the trunk is MODEL_DIR's own model (e.g. SmolLM2-135M, `smollm2`), every
+weight trained; `--steps 0` scores it as it comes. Every curve starts with a held-out score at
+step 0, before training.
+
 With `--grow`, training menus start at 2 commands and get one more each time 90% of the
 last 50 batches' rows were answered right (a curriculum); the held-out rows stay at 3-12.
 
     python -m benchmarks.menu_lookup --data DIR --model MODEL_DIR [--task label --task command]
-        [--layers 2 --layers 4] [--steps 2000] [--every 250] [--grow]
+        [--layers 2 --layers 4] [--steps 2000] [--every 250] [--grow] [--pretrained]
 """
 
 from __future__ import annotations
@@ -91,9 +95,18 @@ def learning_curve(task: str, layers: int, args: argparse.Namespace) -> dict[str
     commands = menu_commands(args.data)
     held_out = [lookup_row(task, commands, random.Random(10_000 + i)) for i in range(HELD_OUT)]
     taught = torch.tensor([t for _, _, t in held_out])
-    model = build_trunk(f"llama_{layers}x128", args.model, len(tokenizer))
+    trunk = "recipe" if args.pretrained else f"llama_{layers}x128"  # recipe: the dir's weights
+    model = build_trunk(trunk, args.model, len(tokenizer))
+    layers = model.config.num_hidden_layers
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     draw, curve, started = random.Random(0), [], time.perf_counter()
+
+    def held_out_score() -> float:
+        with torch.no_grad():
+            picks = label_scores(model, tokenizer, held_out, label_ids).argmax(-1)
+        return float((picks == taught).float().mean())
+
+    curve.append({"step": 0, "held_out": held_out_score(), "train_s": 0})  # before training
     # --grow: menus of 2 commands first; one more each time 90% of the last 50 batches' rows
     # were answered right (held-out rows keep menus of 3-12 throughout).
     longest, recent = (2 if args.grow else 12), []
@@ -109,10 +122,8 @@ def learning_curve(task: str, layers: int, args: argparse.Namespace) -> dict[str
         if args.grow and longest < 12 and len(recent) == 50 and sum(recent) / 50 >= 0.9:
             longest, recent = longest + 1, []
         if step % args.every == 0 or step == args.steps:
-            with torch.no_grad():
-                picks = label_scores(model, tokenizer, held_out, label_ids).argmax(-1)
             point = {"step": step, "loss": round(float(loss.detach()), 4),
-                     "held_out": float((picks == taught).float().mean()), "longest_menu": longest,
+                     "held_out": held_out_score(), "longest_menu": longest,
                      "train_s": round(time.perf_counter() - started)}  # fmt: skip
             curve.append(point)
             print(f"{task}, {layers} layers: step {step}, loss {point['loss']:.3f}, held-out "
@@ -121,6 +132,7 @@ def learning_curve(task: str, layers: int, args: argparse.Namespace) -> dict[str
     return {
         "task": task,
         "layers": layers,
+        "pretrained": args.pretrained,
         "grow": args.grow,
         "vocab": len(tokenizer),
         "commands": len(commands),
@@ -142,6 +154,9 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=250)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--grow", action="store_true", help="train menus from 2 commands up")
+    parser.add_argument(
+        "--pretrained", action="store_true", help="the trunk: MODEL_DIR's own weights, all trained"
+    )
     parser.add_argument("--name", default="menu_lookup", help="results file name")
     args = parser.parse_args()
     command = "python -m benchmarks.menu_lookup " + " ".join(sys.argv[1:])
