@@ -5,8 +5,8 @@ Each repeat starts both variants in turn (same model, same CPU arguments otherwi
 start-up to a served `/v1/models`, then 20 greedy completions of 32 tokens, and stops it.
 Ratios are inproc over mp within the same run.
 
-    python -m benchmarks.vllm_startup                 # tiny model, 2 repeats
-    python -m benchmarks.vllm_startup --model smollm2 --repeats 3
+    python -m benchmarks.vllm_startup                 # tiny model, 3 repeats (the results file)
+    python -m benchmarks.vllm_startup --model smollm2 --repeats 5
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def start_and_serve(model_dir: Path, log: Path, multiprocessing: str) -> tuple[f
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny", help="tiny, smollm2 or a model directory")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
     model_dir = resolve_model(args.model)
     if vllm_server.CPU_ENV.get(MULTIPROCESSING) != "0":

@@ -30,7 +30,7 @@ Device = Literal["cpu", "cuda"]
 # lets prefix caching share reflection prompts (the CPU default is 128-token blocks).
 CPU_ARGS: tuple[str, ...] = ("--dtype", "float32", "--enforce-eager", "--block-size", "32")
 # 1 GiB of KV cache. The engine core runs inside the API server's process: one process fewer
-# to import vLLM into starts the server in ~0.6x the time and serves as fast
+# to import vLLM into starts the server in 0.63x the time and serves as fast
 # (benchmarks/vllm_startup.py).
 CPU_ENV: Mapping[str, str] = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 COMMON_ENV: Mapping[str, str] = {"VLLM_HOST_IP": "127.0.0.1", "HF_HUB_OFFLINE": "1"}
