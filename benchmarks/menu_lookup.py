@@ -5,6 +5,8 @@ policy's objective (the label logits at the last position, softmax over the menu
 - `label`: the row names the label itself (`Next: 7`, then the menu): one copied token.
 - `command`: the row names the command (`Next: cat utils.py`, then the menu), as a
   reflection does; answering means finding that command on the menu and giving its label.
+- `word`: as `command`, over single-token words of the tokenizer instead of DIR's commands
+  (500 of them), so a match is one token against one token.
 
     Next: cat utils.py
     Valid actions:
@@ -25,8 +27,12 @@ step 0, before training.
 With `--grow`, training menus start at 2 commands and get one more each time 90% of the
 last 50 batches' rows were answered right (a curriculum); the held-out rows stay at 3-12.
 
+With `--match-loss W`, every menu line gets a target too: at its last token, two label logits
+answer "does this line hold the named command?" (weight W beside the row's answer).
+
     python -m benchmarks.menu_lookup --data DIR --model MODEL_DIR [--task label --task command]
         [--layers 2 --layers 4] [--steps 2000] [--every 250] [--grow] [--pretrained]
+        [--match-loss 1]
 """
 
 from __future__ import annotations
@@ -58,6 +64,12 @@ def menu_commands(data: Path) -> list[str]:
     return sorted(commands)
 
 
+def single_token_words(tokenizer: Any, count: int = 500) -> list[str]:
+    """The first `count` alphabetic words of 4+ letters that are one token with a leading space."""
+    words = [t[1:] for t in tokenizer.get_vocab() if t[:1] == "\u0120" and t[1:].isalpha()]
+    return sorted(w for w in words if len(w) > 3)[:count]
+
+
 def lookup_row(
     task: str, commands: list[str], draw: random.Random, longest: int = 12
 ) -> tuple[str, int, int]:
@@ -69,7 +81,21 @@ def lookup_row(
     return text + ACTION_MARKER, len(menu), taught
 
 
-def label_scores(model: Any, tokenizer: Any, rows: list[Any], label_ids: Any) -> Any:
+def line_ends(tokenizer: Any, text: str) -> list[int]:
+    """Index of the token that ends each menu line of `text`."""
+    spans = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    start = text.index(MENU_HEADER) + len(MENU_HEADER)
+    ends, at = [], start
+    for line in text[start:].removesuffix(ACTION_MARKER).split("\n"):
+        at += len(line)
+        ends.append(next(i for i, (_, end) in enumerate(spans.offset_mapping) if end >= at))
+        at += 1  # the newline
+    return ends
+
+
+def label_scores(
+    model: Any, tokenizer: Any, rows: list[Any], label_ids: Any, with_hidden: bool = False
+) -> Any:
     import torch
 
     ids = [tokenizer.encode(text, add_special_tokens=False) for text, _, _ in rows]
@@ -81,7 +107,24 @@ def label_scores(model: Any, tokenizer: Any, rows: list[Any], label_ids: Any) ->
     last = torch.tensor([len(row) - 1 for row in ids])
     scores = model.lm_head(hidden[torch.arange(len(ids)), last])[:, label_ids]
     menus = torch.tensor([menu for _, menu, _ in rows])
-    return scores.masked_fill(torch.arange(len(label_ids))[None] >= menus[:, None], -1e9)
+    scores = scores.masked_fill(torch.arange(len(label_ids))[None] >= menus[:, None], -1e9)
+    return (scores, hidden) if with_hidden else scores
+
+
+def match_loss(model: Any, tokenizer: Any, rows: list[Any], hidden: Any, label_ids: Any) -> Any:
+    """Cross-entropy of "does this menu line hold the named command?" at each line's last
+    token, read off two label logits (first: no, second: yes): a target on every line, where
+    the answer gives one a row."""
+    import torch
+
+    row_of, position, matches = [], [], []
+    for i, (text, _, taught) in enumerate(rows):
+        for line, end in enumerate(line_ends(tokenizer, text)):
+            row_of.append(i)
+            position.append(end)
+            matches.append(int(line == taught))
+    logits = model.lm_head(hidden[torch.tensor(row_of), torch.tensor(position)])[:, label_ids[:2]]
+    return torch.nn.functional.cross_entropy(logits, torch.tensor(matches))
 
 
 def learning_curve(task: str, layers: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -92,7 +135,7 @@ def learning_curve(task: str, layers: int, args: argparse.Namespace) -> dict[str
 
     tokenizer = load_tokenizer(args.model)
     label_ids = torch.tensor(label_token_ids(tokenizer, LABELS, ACTION_MARKER))
-    commands = menu_commands(args.data)
+    commands = single_token_words(tokenizer) if task == "word" else menu_commands(args.data)
     held_out = [lookup_row(task, commands, random.Random(10_000 + i)) for i in range(HELD_OUT)]
     taught = torch.tensor([t for _, _, t in held_out])
     trunk = "recipe" if args.pretrained else f"llama_{layers}x128"  # recipe: the dir's weights
@@ -112,11 +155,14 @@ def learning_curve(task: str, layers: int, args: argparse.Namespace) -> dict[str
     longest, recent = (2 if args.grow else 12), []
     for step in range(1, args.steps + 1):
         rows = [lookup_row(task, commands, draw, longest) for _ in range(BATCH)]
-        scores = label_scores(model, tokenizer, rows, label_ids)
+        scores, hidden = label_scores(model, tokenizer, rows, label_ids, with_hidden=True)
         answers = torch.tensor([t for _, _, t in rows])
         loss = torch.nn.functional.cross_entropy(scores, answers)
+        total = loss
+        if args.match_loss:
+            total = loss + args.match_loss * match_loss(model, tokenizer, rows, hidden, label_ids)
         optimizer.zero_grad()
-        loss.backward()
+        total.backward()
         optimizer.step()
         recent = [*recent[-49:], float((scores.argmax(-1) == answers).float().mean())]
         if args.grow and longest < 12 and len(recent) == 50 and sum(recent) / 50 >= 0.9:
@@ -134,6 +180,7 @@ def learning_curve(task: str, layers: int, args: argparse.Namespace) -> dict[str
         "layers": layers,
         "pretrained": args.pretrained,
         "grow": args.grow,
+        "match_loss": args.match_loss,
         "vocab": len(tokenizer),
         "commands": len(commands),
         "chance": sum(1 / menu for _, menu, _ in held_out) / HELD_OUT,
@@ -148,7 +195,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, required=True, help="a `reflectrl data` folder")
     parser.add_argument("--model", type=Path, required=True, help="a model dir (its tokenizer)")
-    parser.add_argument("--task", action="append", choices=("label", "command"))
+    parser.add_argument("--task", action="append", choices=("label", "command", "word"))
     parser.add_argument("--layers", action="append", type=int, choices=(2, 4), help="default: 2")
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--every", type=int, default=250)
@@ -157,6 +204,10 @@ def main() -> None:
     parser.add_argument(
         "--pretrained", action="store_true", help="the trunk: MODEL_DIR's own weights, all trained"
     )
+    parser.add_argument(
+        "--match-loss", type=float, default=0.0,
+        help="weight of a loss on every menu line: does it hold the named command?",
+    )  # fmt: skip
     parser.add_argument("--name", default="menu_lookup", help="results file name")
     args = parser.parse_args()
     command = "python -m benchmarks.menu_lookup " + " ".join(sys.argv[1:])
