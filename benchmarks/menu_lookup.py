@@ -39,7 +39,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -91,6 +93,37 @@ def line_ends(tokenizer: Any, text: str) -> list[int]:
         ends.append(next(i for i, (_, end) in enumerate(spans.offset_mapping) if end >= at))
         at += 1  # the newline
     return ends
+
+
+def drill_row(commands: list[str], draw: random.Random) -> str:
+    """A menu of 3-12 commands, then every line asked for once, in random order:
+    `Next: <command> # Action:` and its label. A target at every answer, where a lookup row
+    has one."""
+    menu = draw.sample(commands, draw.randint(3, 12))
+    asked = draw.sample(range(len(menu)), len(menu))
+    queries = "".join(f"\nNext: {menu[i]}{ACTION_MARKER}{LABELS[i]}" for i in asked)
+    return f"{MENU_HEADER.lstrip()}{render_menu(menu, LABELS, range(len(menu)))}{queries}"
+
+
+def drill_loss(model: Any, tokenizer: Any, texts: list[str]) -> Any:
+    """Next-token cross-entropy at every answer of the drill rows (the token after each
+    action marker)."""
+    import torch
+
+    batch = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True,
+                      padding=True, return_tensors="pt")  # fmt: skip
+    inputs, targets = [], []
+    for i, text in enumerate(texts):
+        answers = {m.end() for m in re.finditer(re.escape(ACTION_MARKER), text)}
+        for t, (start, _) in enumerate(batch["offset_mapping"][i].tolist()):
+            if t > 0 and start in answers:
+                inputs.append((i, t - 1))
+                targets.append(int(batch["input_ids"][i, t]))
+    hidden = model.base_model(input_ids=batch["input_ids"],
+                              attention_mask=batch["attention_mask"]).last_hidden_state  # fmt: skip
+    rows, positions = zip(*inputs, strict=True)
+    logits = model.lm_head(hidden[torch.tensor(rows), torch.tensor(positions)])
+    return torch.nn.functional.cross_entropy(logits, torch.tensor(targets))
 
 
 def label_scores(
@@ -149,7 +182,23 @@ def learning_curve(task: str, layers: int, args: argparse.Namespace) -> dict[str
             picks = label_scores(model, tokenizer, held_out, label_ids).argmax(-1)
         return float((picks == taught).float().mean())
 
-    curve.append({"step": 0, "held_out": held_out_score(), "train_s": 0})  # before training
+    # --pretrain: drill rows first (menu, then every line asked for), a target per line.
+    drill = []
+    for step in range(1, args.pretrain + 1):
+        loss = drill_loss(model, tokenizer, [drill_row(commands, draw) for _ in range(BATCH)])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % args.every == 0 or step == args.pretrain:
+            point = {"step": step, "loss": round(float(loss.detach()), 4),
+                     "held_out": held_out_score(),
+                     "train_s": round(time.perf_counter() - started)}  # fmt: skip
+            drill.append(point)
+            print(f"{task}, {layers} layers: drill step {step}, loss {point['loss']:.3f}, "
+                  f"held-out {point['held_out']:.3f}, {point['train_s']} s",
+                  file=sys.stderr)  # fmt: skip
+    before = {"step": 0, "held_out": held_out_score()}
+    curve.append({**before, "train_s": round(time.perf_counter() - started)})  # before training
     # --grow: menus of 2 commands first; one more each time 90% of the last 50 batches' rows
     # were answered right (held-out rows keep menus of 3-12 throughout).
     longest, recent = (2 if args.grow else 12), []
@@ -181,6 +230,10 @@ def learning_curve(task: str, layers: int, args: argparse.Namespace) -> dict[str
         "pretrained": args.pretrained,
         "grow": args.grow,
         "match_loss": args.match_loss,
+        "pretrain": args.pretrain,
+        "drill_curve": drill,
+        # A picker that knows only which lines were asked already: ln(k) over k unasked.
+        "drill_elimination_loss": sum(math.lgamma(n + 1) / n for n in range(3, 13)) / 10,
         "vocab": len(tokenizer),
         "commands": len(commands),
         "chance": sum(1 / menu for _, menu, _ in held_out) / HELD_OUT,
@@ -207,6 +260,10 @@ def main() -> None:
     parser.add_argument(
         "--match-loss", type=float, default=0.0,
         help="weight of a loss on every menu line: does it hold the named command?",
+    )  # fmt: skip
+    parser.add_argument(
+        "--pretrain", type=int, default=0,
+        help="steps of drill rows (a menu, then every line asked for) before the task's",
     )  # fmt: skip
     parser.add_argument("--name", default="menu_lookup", help="results file name")
     args = parser.parse_args()
