@@ -30,9 +30,13 @@ last 50 batches' rows were answered right (a curriculum); the held-out rows stay
 With `--match-loss W`, every menu line gets a target too: at its last token, two label logits
 answer "does this line hold the named command?" (weight W beside the row's answer).
 
+With `--pretrain N`, N steps of drill rows come first: a menu, then every line asked for once in
+random order (`Next: <command> # Action:` and its label), a target per line where a task row
+has one; the curve records the drill loss beside what ruling out the lines already asked gives.
+
     python -m benchmarks.menu_lookup --data DIR --model MODEL_DIR [--task label --task command]
         [--layers 2 --layers 4] [--steps 2000] [--every 250] [--grow] [--pretrained]
-        [--match-loss 1]
+        [--match-loss 1] [--pretrain 2000]
 """
 
 from __future__ import annotations
