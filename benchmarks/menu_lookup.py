@@ -109,24 +109,30 @@ def drill_row(commands: list[str], draw: random.Random) -> str:
     return f"{MENU_HEADER.lstrip()}{render_menu(menu, LABELS, range(len(menu)))}{queries}"
 
 
-def drill_loss(model: Any, tokenizer: Any, texts: list[str]) -> Any:
-    """Next-token cross-entropy at every answer of the drill rows (the token after each
-    action marker)."""
-    import torch
-
+def drill_targets(tokenizer: Any, texts: list[str]) -> tuple[Any, list[tuple[int, int]], list[int]]:
+    """(the padded batch, (row, position) of every answer's last prompt token, the answer's
+    token id): an answer is the token right after an action marker."""
     batch = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True,
                       padding=True, return_tensors="pt")  # fmt: skip
-    inputs, targets = [], []
+    positions, targets = [], []
     for i, text in enumerate(texts):
         answers = {m.end() for m in re.finditer(re.escape(ACTION_MARKER), text)}
         for t, (start, _) in enumerate(batch["offset_mapping"][i].tolist()):
             if t > 0 and start in answers:
-                inputs.append((i, t - 1))
+                positions.append((i, t - 1))
                 targets.append(int(batch["input_ids"][i, t]))
+    return batch, positions, targets
+
+
+def drill_loss(model: Any, tokenizer: Any, texts: list[str]) -> Any:
+    """Next-token cross-entropy at every answer of the drill rows."""
+    import torch
+
+    batch, positions, targets = drill_targets(tokenizer, texts)
     hidden = model.base_model(input_ids=batch["input_ids"],
                               attention_mask=batch["attention_mask"]).last_hidden_state  # fmt: skip
-    rows, positions = zip(*inputs, strict=True)
-    logits = model.lm_head(hidden[torch.tensor(rows), torch.tensor(positions)])
+    rows, at = zip(*positions, strict=True)
+    logits = model.lm_head(hidden[torch.tensor(rows), torch.tensor(at)])
     return torch.nn.functional.cross_entropy(logits, torch.tensor(targets))
 
 
