@@ -9,7 +9,8 @@ configs/alfworld_cpu.yaml's untrained scratch models (reflections always run to
 reflection.max_tokens, episodes to env.options.max_steps).
 
     python -m benchmarks.alfworld_throughput [--run RUN] [--iterations 3]
-        [--variants "1x8 inline,1x8 prefetch"] [--repeat 2] [--name alfworld_throughput]
+        [--fragment 16] [--variants "1x8 inline,1x8 prefetch"] [--repeat 2]
+        [--name alfworld_throughput]
 
 With --repeat, the variants run in turn that many times (inline, prefetch, inline, ...), and
 each row is one of those runs: drift over time falls on both alike.
@@ -41,7 +42,9 @@ VARIANTS = [
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--iterations", type=int, default=3, help="per variant; 1 is warm-up")
-    parser.add_argument("--fragment", type=int, default=8, help="ppo.rollout_fragment_length")
+    parser.add_argument(
+        "--fragment", type=int, help="ppo.rollout_fragment_length (default: the recipe's)"
+    )
     parser.add_argument("--run", type=Path, help="a run whose SFT players (full SFT) to use")
     parser.add_argument("--variants", help="comma-separated names (default: all)")
     parser.add_argument("--repeat", type=int, default=1, help="rounds over the variants")
@@ -56,6 +59,7 @@ def main() -> None:
             f"reflection.model={args.run / 'sft' / 'reflection'}",
         ]
     config = load_config(CONFIG, players)
+    fragment = args.fragment or config.ppo.rollout_fragment_length
     options = config.env.options
     ensure_games(Path(options["data_dir"]), options["generate_games"], options["generate_seed"])
     chosen = args.variants.split(",") if args.variants else [v[0] for v in VARIANTS]
@@ -72,8 +76,9 @@ def main() -> None:
                 "eval.enabled=false",
                 f"env.envs_per_worker={envs}",
                 f"env.prefetch_resets={str(prefetch).lower()}",
-                f"ppo.rollout_fragment_length={args.fragment}",
-                f"ppo.minibatch_size={workers * envs * args.fragment}",
+                f"ppo.rollout_fragment_length={fragment}",
+                # The recipe's minibatch, or the whole batch where that is smaller.
+                f"ppo.minibatch_size={min(config.ppo.minibatch_size, workers * envs * fragment)}",
             ]
             row = measure(CONFIG, overrides, workers, args.iterations)
             rows.append({"variant": name, "envs_per_worker": envs, "prefetch": prefetch, **row})
@@ -103,7 +108,7 @@ def main() -> None:
         "config": CONFIG,
         "players": str(args.run) if args.run else "untrained scratch:alfworld",
         "iterations": args.iterations,
-        "fragment": args.fragment,
+        "fragment": fragment,
         "repeat": args.repeat,
     }
     path = write_results(args.name, {**payload, "results": rows})
