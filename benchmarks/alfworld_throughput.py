@@ -59,7 +59,7 @@ def main() -> None:
             f"reflection.model={args.run / 'sft' / 'reflection'}",
         ]
     config = load_config(CONFIG, players)
-    fragment = args.fragment or config.ppo.rollout_fragment_length
+    fragment = config.ppo.rollout_fragment_length if args.fragment is None else args.fragment
     options = config.env.options
     ensure_games(Path(options["data_dir"]), options["generate_games"], options["generate_seed"])
     chosen = args.variants.split(",") if args.variants else [v[0] for v in VARIANTS]
