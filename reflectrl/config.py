@@ -309,8 +309,30 @@ class SFTSettings(Strict):
         return self.max_steps
 
 
+# The advantage estimators (`rl.advantage`; the math is reflectrl/rl/advantages.py's). All but
+# `gae` use no critic: no value head is built or trained.
+AdvantageEstimator = Literal["gae", "reinforce", "rloo", "grpo", "gigpo"]
+CRITIC_FREE: frozenset[str] = frozenset({"reinforce", "rloo", "grpo", "gigpo"})
+
+
 class RLStage(Strict):
     enabled: bool = True  # the pipeline's rl stage; false: the SFT-only ablation
+    # gae: PPO over the value head; reinforce: the discounted return-to-go (the authors'
+    # default); rloo / grpo: the episode's return against its group; gigpo: grpo plus a step
+    # advantage over the steps that saw the same prompt. The critic-free ones need whole
+    # episodes (ppo.batch_mode=complete_episodes).
+    advantage: AdvantageEstimator = "gae"
+    # gigpo: the weight of the step (anchor-state) advantage beside the episode advantage.
+    step_advantage_weight: float = Field(1.0, ge=0)
+    # grpo / gigpo: divide the episode advantage by its group's std.
+    scale_by_std: bool = True
+    # Standardise the advantages over the rows that carry loss (bootstrap rows get 0).
+    normalise_advantages: bool = True
+
+    @property
+    def critic(self) -> bool:
+        """Whether the estimator needs a value head."""
+        return self.advantage not in CRITIC_FREE
 
 
 class EvalConfig(Strict):
@@ -340,6 +362,16 @@ class ReflectRLConfig(Strict):
     sft: SFTSettings = Field(default_factory=SFTSettings)
     rl: RLStage = Field(default_factory=RLStage)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    @model_validator(mode="after")
+    def _check_advantage(self) -> ReflectRLConfig:
+        if not self.rl.critic and self.ppo.batch_mode != "complete_episodes":
+            raise ValueError(
+                f"rl.advantage={self.rl.advantage} scores whole episodes, but "
+                f"ppo.batch_mode={self.ppo.batch_mode} cuts them; set "
+                "ppo.batch_mode=complete_episodes (or rl.advantage=gae)"
+            )
+        return self
 
 
 def _format_validation_error(err: ValidationError, source: str) -> str:

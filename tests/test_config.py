@@ -72,6 +72,9 @@ def test_overrides_parse_yaml_values() -> None:
         (["reflection.max_tokens=100000"], "reflection.max_tokens=100000 leaves -98984 tokens"),
         (["novalue"], "KEY=VALUE"),
         (["ppo.lr=1", "ppo.lr.x=1"], "not a section"),
+        (["rl.advantage=ppo2"], "rl.advantage: Input should be 'gae', 'reinforce'"),
+        (["rl.step_advantage_weight=-1"], "rl.step_advantage_weight"),
+        (["rl.advantage=grpo"], "set ppo.batch_mode=complete_episodes"),
     ],
 )
 def test_bad_values_name_the_key(overrides: list[str], needle: str) -> None:

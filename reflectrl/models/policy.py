@@ -49,6 +49,7 @@ class OptionPolicy(nn.Module):
         trim_padding: bool = True,
         dtype: torch.dtype = torch.float32,
         share_prefix: bool = True,
+        value_head: bool = True,
     ) -> None:
         super().__init__()
         self.trim_padding = trim_padding
@@ -61,6 +62,8 @@ class OptionPolicy(nn.Module):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self._build(model_dir, lora_r, lora_alpha, lora_target_modules, gradient_checkpointing)
+        if not value_head:  # a critic-free estimator (rl.advantage): nothing to train or sync
+            self.value_head = None
         # Rollout copies may run in half precision; LoRA and value head follow the LM.
         self.to(dtype)
         self.register_buffer(
@@ -90,7 +93,7 @@ class OptionPolicy(nn.Module):
         self.lm = get_peft_model(base, lora)
         # Zero init: V = 0 everywhere at first. A random init gave values near +-2 on some
         # prompts, larger than most returns here, and the first updates chased that noise.
-        self.value_head = nn.Linear(base.config.hidden_size, 1)
+        self.value_head: nn.Linear | None = nn.Linear(base.config.hidden_size, 1)
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
 
@@ -137,6 +140,9 @@ class OptionPolicy(nn.Module):
         return logits.float().masked_fill(option_mask <= 0, MASKED_LOGIT)
 
     def value(self, hidden: torch.Tensor) -> torch.Tensor:
+        """V(s); 0 everywhere without a value head (critic-free estimators)."""
+        if self.value_head is None:
+            return torch.zeros(hidden.shape[0], device=hidden.device)
         return self.value_head(hidden).squeeze(-1).float()
 
     def forward(
@@ -165,7 +171,8 @@ class OptionPolicy(nn.Module):
     def trainable_state(self) -> dict[str, torch.Tensor]:
         """LoRA + value head: everything that changes in training (the base LM is frozen)."""
         state = self.lora_state()
-        state.update({f"value_head.{k}": v for k, v in self.value_head.state_dict().items()})
+        if self.value_head is not None:
+            state.update({f"value_head.{k}": v for k, v in self.value_head.state_dict().items()})
         return state
 
     def load_trainable_state(self, state: dict[str, Any]) -> None:
@@ -204,7 +211,9 @@ class OptionPolicy(nn.Module):
         from peft.utils import load_peft_weights
 
         set_peft_model_state_dict(self.lm, load_peft_weights(str(directory)))
-        self.value_head.load_state_dict(torch.load(Path(directory) / "value_head.pt"))
+        head = torch.load(Path(directory) / "value_head.pt")
+        if self.value_head is not None and head:  # a critic-free run saved no head
+            self.value_head.load_state_dict(head)
 
 
 def build_policy(
@@ -214,10 +223,12 @@ def build_policy(
     seed: int,
     *,
     for_rollouts: bool,
+    critic: bool = True,
 ) -> OptionPolicy:
     """The policy `settings` describe (the one place it is built from the config): the
     learner's copy trains in float32; a rollout copy (sampling, evaluation) runs in
-    `settings.dtype`. Both start from the same seeded LoRA init."""
+    `settings.dtype`. Both start from the same seeded LoRA init. `critic`: build a value
+    head (false for the critic-free advantage estimators)."""
     return OptionPolicy(
         model_dir,
         label_token_ids,
@@ -229,6 +240,7 @@ def build_policy(
         trim_padding=settings.trim_padding,
         share_prefix=settings.share_prefix,
         dtype=getattr(torch, settings.dtype) if for_rollouts else torch.float32,
+        value_head=critic,
     )
 
 

@@ -8,6 +8,7 @@ from typing import Any, TypedDict
 
 from ray.rllib.core import DEFAULT_MODULE_ID
 
+from reflectrl.rl.advantage_connector import FALLBACK_EPISODES, RAW_MEAN, RAW_STD
 from reflectrl.rl.coordinator import CoordinatorReport
 
 
@@ -51,8 +52,14 @@ class IterationRow(HeldOutFigures):
     truncated_prompts: int  # run totals
     clipped_reflection_prompts: int
     policy_loss: float | None
-    vf_loss: float | None
+    vf_loss: float | None  # None without a critic (rl.advantage other than gae)
+    vf_explained_var: float | None
     entropy: float | None
+    # The advantages of the loss rows before they are standardised (rl/advantage_connector.py).
+    advantage_raw_mean: float | None
+    advantage_raw_std: float | None
+    # Episodes alone in their group, compared with the whole batch instead (rloo/grpo/gigpo).
+    advantage_batch_baseline_episodes: int | None
 
 
 @dataclass
@@ -116,7 +123,11 @@ class IterationRows:
             clipped_reflection_prompts=totals["clipped_reflection_prompts"],
             policy_loss=_scalar(learner.get("policy_loss")),
             vf_loss=_scalar(learner.get("vf_loss")),
+            vf_explained_var=_scalar(learner.get("vf_explained_var")),
             entropy=_scalar(learner.get("entropy")),
+            advantage_raw_mean=_scalar(learner.get(RAW_MEAN)),
+            advantage_raw_std=_scalar(learner.get(RAW_STD)),
+            advantage_batch_baseline_episodes=_count(learner.get(FALLBACK_EPISODES)),
         )
         return row, restarted
 
@@ -126,3 +137,8 @@ def _scalar(value: Any) -> float | None:
         return float(value)
     except (TypeError, ValueError):
         return None
+
+
+def _count(value: Any) -> int | None:
+    number = _scalar(value)
+    return None if number is None else int(number)

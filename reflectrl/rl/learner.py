@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from ray.rllib.algorithms.ppo.ppo import (
@@ -31,11 +31,33 @@ from ray.rllib.core.learner.learner import ENTROPY_KEY, POLICY_LOSS_KEY, VF_LOSS
 from ray.rllib.evaluation.postprocessing import Postprocessing
 from ray.rllib.utils.torch_utils import explained_variance
 
+from reflectrl.config import RLStage
 from reflectrl.models.policy import length_order
+from reflectrl.rl.advantage_connector import AdvantageEstimation
+from reflectrl.rl.advantages import AdvantageSettings
 from reflectrl.rollout.progress_board import board_reporter, take_learner_name
 
 # Loss statistics RLlib logs per loss call; re-logged as means over the whole minibatch.
 MEAN_STATS = (POLICY_LOSS_KEY, VF_LOSS_KEY, LEARNER_RESULTS_VF_LOSS_UNCLIPPED_KEY, ENTROPY_KEY)
+CRITIC_STATS = (VF_LOSS_KEY, LEARNER_RESULTS_VF_LOSS_UNCLIPPED_KEY)
+
+
+class AdvantageConfig(TypedDict):
+    """`learner_config_dict["advantage"]`: the run's `rl` advantage settings (JSON-able)."""
+
+    estimator: str
+    step_advantage_weight: float
+    scale_by_std: bool
+    normalise: bool
+
+
+def advantage_config(rl: RLStage) -> AdvantageConfig:
+    return AdvantageConfig(
+        estimator=rl.advantage,
+        step_advantage_weight=rl.step_advantage_weight,
+        scale_by_std=rl.scale_by_std,
+        normalise=rl.normalise_advantages,
+    )
 
 
 class ReflectRLPPOLearner(PPOTorchLearner):
@@ -49,6 +71,27 @@ class ReflectRLPPOLearner(PPOTorchLearner):
 
     def __repr__(self) -> str:
         return self.name
+
+    def build(self) -> None:
+        """RLlib's PPO learner, with rl/advantage_connector.py in place of RLlib's GAE step:
+        the estimator of `rl.advantage`, standardised over the loss rows only."""
+        super().build()
+        if self._learner_connector is None:
+            return
+        settings: AdvantageConfig = self.config.learner_config_dict["advantage"]
+        self._learner_connector.remove("GeneralAdvantageEstimation")
+        self._learner_connector.append(
+            AdvantageEstimation(
+                settings=AdvantageSettings(
+                    estimator=settings["estimator"],
+                    gamma=self.config.gamma,
+                    lambda_=self.config.lambda_,
+                    step_advantage_weight=settings["step_advantage_weight"],
+                    scale_by_std=settings["scale_by_std"],
+                ),
+                normalise=settings["normalise"],
+            )
+        )
 
     def update(self, *args: Any, **kwargs: Any) -> Any:
         """RLlib's update, telling the run's heartbeat that learning started (and how many
@@ -111,9 +154,16 @@ class ReflectRLPPOLearner(PPOTorchLearner):
             total = total + loss[module_id].detach() * weight
             for key in stats:
                 stats[key] += _number(self.metrics.peek((module_id, key))) * weight
-            embeddings = fwd_out[Columns.EMBEDDINGS].detach()
-            values.append(module.unwrapped().compute_values(part, embeddings=embeddings))
-            targets.append(part[Postprocessing.VALUE_TARGETS])
+            if self.config.use_critic:
+                embeddings = fwd_out[Columns.EMBEDDINGS].detach()
+                values.append(module.unwrapped().compute_values(part, embeddings=embeddings))
+                targets.append(part[Postprocessing.VALUE_TARGETS])
+        if not self.config.use_critic:  # no critic: no value figures (RLlib's loss logs zeros)
+            for key in (*CRITIC_STATS, LEARNER_RESULTS_VF_EXPLAINED_VAR_KEY):
+                stats.pop(key, None)
+                self.metrics.delete(module_id, key, key_error=False)
+            self.metrics.log_dict(stats, key=module_id, window=1)
+            return total
         stats[LEARNER_RESULTS_VF_EXPLAINED_VAR_KEY] = _number(
             explained_variance(torch.cat(targets), torch.cat(values))
         )

@@ -39,7 +39,7 @@ from reflectrl.config import ReflectRLConfig
 from reflectrl.preflight import PolicySpec
 from reflectrl.reflection.endpoint import ReflectionEndpoint
 from reflectrl.rl.coordinator import CoordinatorCallback
-from reflectrl.rl.learner import ReflectRLPPOLearner
+from reflectrl.rl.learner import ReflectRLPPOLearner, advantage_config
 from reflectrl.rl.rl_module import (
     POLICY_PREFIX,
     WEIGHTS_VERSION,
@@ -292,6 +292,7 @@ def build_ppo_config(
             num_gpus_per_learner=run.num_gpus_per_learner,
             custom_resources_per_learner=dict(run.learner_resources),
             learner_class=ReflectRLPPOLearner,
+            learner_config_dict={"advantage": advantage_config(config.rl)},
         )
         .training(
             lr=ppo.lr,
@@ -299,7 +300,8 @@ def build_ppo_config(
             lambda_=ppo.lambda_,
             clip_param=ppo.clip_param,
             vf_clip_param=ppo.vf_clip_param,
-            vf_loss_coeff=ppo.vf_loss_coeff,
+            use_critic=config.rl.critic,
+            vf_loss_coeff=ppo.vf_loss_coeff if config.rl.critic else 0.0,
             entropy_coeff=ppo.entropy_coeff,
             use_kl_loss=ppo.kl_coeff > 0,
             kl_coeff=ppo.kl_coeff,

@@ -40,6 +40,7 @@ class ModuleConfig(TypedDict):
     model_dir: str
     label_token_ids: list[int]
     seed: int
+    critic: bool  # a value head (rl.advantage=gae); the critic-free estimators build none
     # The SFT adapter's files travel with the module: learners and workers on other nodes.
     init_adapter_files: Packed | None
 
@@ -53,6 +54,7 @@ def module_config(
         model_dir=str(model_dir),
         label_token_ids=list(label_token_ids),
         seed=config.run.seed,
+        critic=config.rl.critic,
         init_adapter_files=pack_dir(Path(adapter)) if adapter else None,
     )
 
@@ -70,6 +72,7 @@ class ReflectRLModule(TorchRLModule, ValueFunctionAPI):
             cfg["label_token_ids"],
             cfg["seed"],
             for_rollouts=self.inference_only,
+            critic=cfg["critic"],
         )
         if settings.init_adapter:  # then a checkpoint, if any, overrides it on restore
             adapter = settings.init_adapter
@@ -77,7 +80,8 @@ class ReflectRLModule(TorchRLModule, ValueFunctionAPI):
                 adapter = local_copy(adapter, cfg["init_adapter_files"])
             self.policy.load_sft_adapter(adapter)
         self.micro_batch_size = settings.micro_batch_size
-        self.values_from_rollouts = settings.values_from_rollouts
+        self.critic = cfg["critic"]
+        self.values_from_rollouts = settings.values_from_rollouts and self.critic
         # Off only in benchmarks/rollout_sampling.py, to measure what skipping the episodes'
         # last observations saves.
         self.live_rows_only = True

@@ -41,7 +41,14 @@ class InProcess:
     def sample(self, env_steps: int | None = None) -> list[Any]:
         """Episodes (chunks) of at least `env_steps` env steps (default: one round)."""
         steps = env_steps or self.config.ppo.rollout_fragment_length * self.runner.num_envs
-        return self.runner.sample(num_timesteps=steps, explore=True)
+        if self.config.ppo.batch_mode == "truncate_episodes":
+            return self.runner.sample(num_timesteps=steps, explore=True)
+        # Whole episodes, as `synchronous_parallel_sample` collects them: a runner's call
+        # returns one episode per env; calls repeat until the batch has `steps` env steps.
+        episodes: list[Any] = []
+        while sum(len(e) for e in episodes) < steps:
+            episodes += self.runner.sample(explore=True)
+        return episodes
 
     def train_batch(self, episodes: list[Any]) -> dict[str, Any]:
         """The learner's batch for `episodes`: {module id: {column: tensor}}, GAE included."""

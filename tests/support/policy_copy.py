@@ -15,6 +15,7 @@ def policy_copy(run: Run) -> OptionPolicy:
         run.spec.label_token_ids,
         run.config.run.seed,
         for_rollouts=False,
+        critic=run.config.rl.critic,
     )
     policy.load_trainable_state(run.algo.policy_state())
     return policy

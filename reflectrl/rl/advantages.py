@@ -1,0 +1,191 @@
+"""Advantages: every estimator a run can choose (`rl.advantage`), in plain numpy (no Ray).
+
+Input: the episodes of one iteration (`Episode`: rewards, how it ended, the critic's values
+where there is a critic, the group of envs it started with, a digest of each step's
+observation). Output: one advantage per step, and the value targets a critic trains on.
+
+- `gae`: PPO's generalised advantage estimate over a critic (CleanRL's `ppo.py` loop).
+- `reinforce`: the discounted return-to-go, no baseline and no critic (the authors' default
+  trainer, `trainer=pg` in zhourunlong/Reflect-RL).
+- `rloo`, `grpo`: the episode's return against the other episodes of its group (leave-one-out
+  mean; mean and std), broadcast to every step of the episode.
+- `gigpo`: GRPO's episode advantage plus a step advantage: the discounted return from a step
+  minus the mean over the group's steps that saw the same observation ("anchor states").
+
+Groups: episodes that share `group` started from the same start. An episode alone in its group
+(or with no group) is compared with the whole batch instead, and `fallback_episodes` counts it.
+
+The RLlib learner connector (rl/advantage_connector.py) builds the `Episode`s from a train batch
+and standardises the result over the rows that carry loss.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from reflectrl.config import CRITIC_FREE, AdvantageEstimator
+
+EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One episode (or, with a critic, one chunk of one) as the learner sees it.
+
+    `values` has one entry more than `rewards`: V of the observation after the last step, the
+    bootstrap of a chunk that was cut or truncated (unused when `terminated`)."""
+
+    rewards: np.ndarray  # [T]
+    terminated: bool  # the last step ended the episode: nothing to bootstrap
+    values: np.ndarray | None = None  # [T + 1], critic estimators only
+    group: Hashable | None = None
+    digests: Sequence[Hashable] | None = None  # [T], gigpo only
+
+
+@dataclass(frozen=True)
+class AdvantageSettings:
+    estimator: AdvantageEstimator = "gae"
+    gamma: float = 0.99
+    lambda_: float = 0.95
+    step_advantage_weight: float = 1.0  # gigpo: weight of the anchor-state step advantage
+    scale_by_std: bool = True  # grpo and gigpo's episode part: divide by the group's std
+
+
+@dataclass
+class Estimate:
+    advantages: list[np.ndarray]  # one [T] array per episode
+    value_targets: list[np.ndarray] | None  # one [T] per episode; None without a critic
+    fallback_episodes: int = 0  # episodes alone in their group: compared with the batch
+    anchor_steps: int = 0  # gigpo: steps that share their observation with another step
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def gae(
+    rewards: np.ndarray, values: np.ndarray, terminated: bool, gamma: float, lambda_: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(advantages, value targets) of one episode chunk; `values` is [T + 1]."""
+    steps = len(rewards)
+    advantages = np.zeros(steps, dtype=np.float64)
+    last_gae = 0.0
+    for t in reversed(range(steps)):
+        # Only the chunk's last step can end the episode; a cut chunk bootstraps V(s_T).
+        next_non_terminal = 0.0 if terminated and t == steps - 1 else 1.0
+        delta = rewards[t] + gamma * values[t + 1] * next_non_terminal - values[t]
+        advantages[t] = last_gae = delta + gamma * lambda_ * next_non_terminal * last_gae
+    return advantages, advantages + values[:steps]
+
+
+def returns_to_go(rewards: np.ndarray, gamma: float) -> np.ndarray:
+    """G_t = r_t + gamma r_{t+1} + ... to the end of the episode."""
+    returns = np.zeros(len(rewards), dtype=np.float64)
+    running = 0.0
+    for t in reversed(range(len(rewards))):
+        returns[t] = running = rewards[t] + gamma * running
+    return returns
+
+
+def group_baselines(
+    scores: np.ndarray, groups: Sequence[Hashable | None], *, leave_one_out: bool, scale: bool
+) -> tuple[np.ndarray, int]:
+    """Each score against its group: score - mean of the group (of the *others* with
+    `leave_one_out`), divided by the group's std with `scale`. An episode alone in its group
+    (or with none) is compared with the whole batch. Returns (relative scores, episodes that
+    fell back to the batch)."""
+    members: dict[Hashable, list[int]] = defaultdict(list)
+    for i, group in enumerate(groups):
+        members[("group", group) if group is not None else ("alone", i)].append(i)
+    everyone = list(range(len(scores)))
+    relative = np.zeros(len(scores), dtype=np.float64)
+    fallback = 0
+    for rows in members.values():
+        if len(rows) < 2:
+            fallback += len(rows)
+        pool = scores[rows] if len(rows) > 1 else scores[everyone]
+        own = scores[rows]
+        if leave_one_out:
+            baseline = (pool.sum() - own) / max(1, len(pool) - 1)
+        else:
+            baseline = np.full(len(rows), pool.mean())
+        relative[rows] = own - baseline
+        if scale:
+            relative[rows] /= pool.std() + EPS
+    return relative, fallback
+
+
+def anchor_step_advantages(
+    returns: Sequence[np.ndarray],
+    digests: Sequence[Sequence[Hashable]],
+    groups: Sequence[Hashable | None],
+) -> tuple[list[np.ndarray], int]:
+    """GiGPO's step advantage: a step's discounted return minus the mean return of every step
+    of its group (across its episodes) that saw the same observation; 0 for a step alone.
+    Episodes with no group anchor over the whole batch. Returns (per-episode arrays, steps in
+    an anchor group of two or more)."""
+    sums: dict[tuple[Hashable, Hashable], float] = defaultdict(float)
+    counts: dict[tuple[Hashable, Hashable], int] = defaultdict(int)
+    keys = []
+    for episode_returns, episode_digests, group in zip(returns, digests, groups, strict=True):
+        episode_keys = [(group, digest) for digest in episode_digests]
+        for key, g in zip(episode_keys, episode_returns, strict=True):
+            sums[key] += float(g)
+            counts[key] += 1
+        keys.append(episode_keys)
+    out, anchored = [], 0
+    for episode_returns, episode_keys in zip(returns, keys, strict=True):
+        step = np.zeros(len(episode_returns), dtype=np.float64)
+        for t, key in enumerate(episode_keys):
+            if counts[key] > 1:
+                step[t] = episode_returns[t] - sums[key] / counts[key]
+                anchored += 1
+        out.append(step)
+    return out, anchored
+
+
+def estimate(episodes: Sequence[Episode], settings: AdvantageSettings) -> Estimate:
+    """Per-step advantages (and value targets with a critic) of `episodes`, unstandardised."""
+    kind, gamma = settings.estimator, settings.gamma
+    if kind not in CRITIC_FREE:  # gae
+        pairs = []
+        for episode in episodes:
+            if episode.values is None:
+                raise ValueError("gae needs the critic's values of every episode")
+            pairs.append(
+                gae(episode.rewards, episode.values, episode.terminated, gamma, settings.lambda_)
+            )
+        return Estimate([a for a, _ in pairs], [t for _, t in pairs])
+    returns = [returns_to_go(e.rewards, gamma) for e in episodes]
+    if kind == "reinforce":
+        return Estimate(returns, None)
+    # Episode level: the undiscounted return, against the episode's group.
+    scores = np.array([float(np.sum(e.rewards)) for e in episodes], dtype=np.float64)
+    groups = [e.group for e in episodes]
+    relative, fallback = group_baselines(
+        scores,
+        groups,
+        leave_one_out=kind == "rloo",
+        scale=kind in ("grpo", "gigpo") and settings.scale_by_std,
+    )
+    advantages = [np.full(len(e.rewards), r) for e, r in zip(episodes, relative, strict=True)]
+    if kind in ("rloo", "grpo"):
+        return Estimate(advantages, None, fallback_episodes=fallback)
+    # gigpo: plus the step advantage over anchor states.
+    digests = []
+    for episode in episodes:
+        if episode.digests is None or len(episode.digests) != len(episode.rewards):
+            raise ValueError("gigpo needs one observation digest per step of every episode")
+        digests.append(episode.digests)
+    steps, anchored = anchor_step_advantages(returns, digests, groups)
+    weight = settings.step_advantage_weight
+    combined = [a + weight * s for a, s in zip(advantages, steps, strict=True)]
+    return Estimate(combined, None, fallback_episodes=fallback, anchor_steps=anchored)
+
+
+def standardise(advantages: np.ndarray) -> np.ndarray:
+    """Mean 0, std 1 (the advantages of the rows that carry loss, and only those)."""
+    if advantages.size == 0:
+        return advantages
+    return (advantages - advantages.mean()) / max(1e-4, float(advantages.std()))
