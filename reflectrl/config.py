@@ -52,6 +52,11 @@ class PolicyConfig(Strict):
     # Menu labels in order; each must be one token of the tokenizer (checked at start-up).
     labels: str = "123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
     lora: LoraSettings = Field(default_factory=LoraSettings)
+    # What RL trains. lora: the LoRA adapter (and the value head) over a frozen LM, the paper's
+    # choice and what a 1.5B model needs; full: every weight of the LM as well (small models
+    # trained from scratch, where 8k LoRA parameters leave the policy nearly where SFT put it).
+    # Weight sync and checkpoints then carry the whole LM.
+    rl_trainable: Literal["lora", "full"] = "lora"
     # A peft LoRA adapter from `reflectrl sft` (OUT/policy) that PPO starts from; it must have
     # the shapes policy.lora makes. None: a fresh LoRA (RL from scratch).
     init_adapter: str | None = None

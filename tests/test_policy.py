@@ -102,6 +102,35 @@ def test_trainable_state_is_lora_and_value_head(policy: OptionPolicy, tmp_path: 
         policy.load_trainable_state({"nope": np.zeros(1)})
 
 
+def test_full_rl_trains_every_lm_weight_and_checkpoints_them(
+    tiny_dir: Path, tokenizer: Any, batch: dict, tmp_path: Path
+) -> None:
+    """policy.rl_trainable=full: every LM weight is trainable, synced and checkpointed; a
+    policy loaded from the checkpoint scores exactly as the trained one."""
+    ids = label_token_ids(tokenizer, "123456", prompts.ACTION_MARKER)
+    full = OptionPolicy(tiny_dir, ids, seed=0, train_base=True, value_head=False)
+    assert full.value_head is None
+    trainable = full.trainable_state()
+    requires_grad = {n for n, p in full.named_parameters() if p.requires_grad}
+    assert requires_grad <= set(trainable) and any("lora_" not in k for k in requires_grad)
+    assert sum(p.numel() for n, p in full.named_parameters() if p.requires_grad) > 10 * sum(
+        v.numel() for v in full.lora_state().values()
+    )
+    args = (batch["input_ids"], batch["attention_mask"], batch["option_mask"])
+    logits, _ = full(*args)
+    logits.logsumexp(-1).sum().backward()  # one gradient step on the base weights
+    with torch.no_grad():
+        for param in full.parameters():
+            if param.grad is not None:
+                param.add_(param.grad, alpha=-0.1)
+    trained, _ = full(*args)
+    full.save_adapter(tmp_path / "adapter")
+    fresh = OptionPolicy(tiny_dir, ids, seed=0, train_base=True, value_head=False)
+    assert not torch.allclose(fresh(*args)[0], trained, atol=1e-4)
+    fresh.load_adapter(tmp_path / "adapter")
+    torch.testing.assert_close(fresh(*args)[0], trained)
+
+
 def build_module(tiny_dir: Path, tokenizer: Any, **options: Any) -> Any:
     import gymnasium as gym
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec

@@ -199,3 +199,26 @@ def test_rllibs_ppo_step_is_the_one_ours_spells_out() -> None:
     ours = calls(ReflectRLPPO.training_step) | calls(ReflectRLPPO._update)
     assert rllib - ours == {"_training_step_old_api_stack", "override", "keys", "sync_weights"}
     assert "push_weights" in ours
+
+
+def test_full_rl_updates_and_syncs_every_lm_weight() -> None:
+    """policy.rl_trainable=full: the PPO update moves the LM's own weights, and the weights a
+    rollout worker receives make it score exactly as the learner."""
+    config = load_config(SMOKE, [*OVERRIDES, "policy.rl_trainable=full"])
+    local = build_in_process(config)
+    name = next(k for k in local.module.policy.trainable_state() if "mlp.down_proj" in k)
+    before = local.module.policy.state_dict()[name].clone()
+    torch.manual_seed(0)
+    episodes = local.sample()
+    local.update(episodes)
+    after = local.module.policy.state_dict()[name]
+    assert not torch.equal(before, after)
+    local.sync_weights()
+    torch.testing.assert_close(local.runner.module.policy.state_dict()[name], after)
+    obs = local.train_batch(episodes)[MID][Columns.OBS]
+    rows = slice(0, 4)
+    args = (obs["input_ids"][rows], obs["attention_mask"][rows], obs["option_mask"][rows])
+    with torch.no_grad():
+        torch.testing.assert_close(
+            local.runner.module.policy(*args)[0], local.module.policy(*args)[0]
+        )

@@ -34,6 +34,8 @@ from reflectrl.models.loading import load_causal_lm
 MASKED_LOGIT = -1e9
 # A shared prefix shorter than this is run with the rest (a second LM call costs more).
 MIN_SHARED_PREFIX = 8
+# Beside a checkpoint's adapter, with policy.rl_trainable=full: the LM's weights as RL left them.
+BASE_WEIGHTS = "base_weights.safetensors"
 
 
 class OptionPolicy(nn.Module):
@@ -50,8 +52,10 @@ class OptionPolicy(nn.Module):
         dtype: torch.dtype = torch.float32,
         share_prefix: bool = True,
         value_head: bool = True,
+        train_base: bool = False,
     ) -> None:
         super().__init__()
+        self.train_base = train_base
         self.trim_padding = trim_padding
         self.share_prefix = share_prefix
         self.checkpointing = gradient_checkpointing
@@ -64,6 +68,9 @@ class OptionPolicy(nn.Module):
             self._build(model_dir, lora_r, lora_alpha, lora_target_modules, gradient_checkpointing)
         if not value_head:  # a critic-free estimator (rl.advantage): nothing to train or sync
             self.value_head = None
+        if train_base:  # policy.rl_trainable=full: every LM weight learns, beside the LoRA
+            for param in self.lm.parameters():
+                param.requires_grad_(True)
         # Rollout copies may run in half precision; LoRA and value head follow the LM.
         self.to(dtype)
         self.register_buffer(
@@ -169,8 +176,12 @@ class OptionPolicy(nn.Module):
         return {k: v for k, v in self.state_dict().items() if "lora_" in k}
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
-        """LoRA + value head: everything that changes in training (the base LM is frozen)."""
-        state = self.lora_state()
+        """Everything that changes in training: LoRA + value head, and with `train_base` every
+        LM weight (otherwise the base LM is frozen and reloaded from its directory)."""
+        if self.train_base:
+            state = {k: v for k, v in self.state_dict().items() if k.startswith("lm.")}
+        else:
+            state = self.lora_state()
         if self.value_head is not None:
             state.update({f"value_head.{k}": v for k, v in self.value_head.state_dict().items()})
         return state
@@ -211,6 +222,11 @@ class OptionPolicy(nn.Module):
         from peft.utils import load_peft_weights
 
         set_peft_model_state_dict(self.lm, load_peft_weights(str(directory)))
+        base = Path(directory) / BASE_WEIGHTS
+        if base.is_file():  # policy.rl_trainable=full: the LM's own weights changed too
+            from safetensors.torch import load_file
+
+            self.load_state_dict(load_file(str(base)), strict=False)
         head = torch.load(Path(directory) / "value_head.pt")
         if self.value_head is not None and head:  # a critic-free run saved no head
             self.value_head.load_state_dict(head)
@@ -241,6 +257,7 @@ def build_policy(
         share_prefix=settings.share_prefix,
         dtype=getattr(torch, settings.dtype) if for_rollouts else torch.float32,
         value_head=critic,
+        train_base=settings.rl_trainable == "full",
     )
 
 
@@ -278,6 +295,13 @@ def save_adapter_state(state: dict[str, Any], lora: LoraConfig, directory: Path)
         if "lora_" in k
     }
     save_file(weights, str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
+    base = {
+        k: torch.as_tensor(v).clone()  # tied weights share storage; safetensors refuses that
+        for k, v in state.items()
+        if k.startswith("lm.") and "lora_" not in k
+    }
+    if base:
+        save_file(base, str(directory / BASE_WEIGHTS), metadata={"format": "pt"})
     head = {
         k.removeprefix("value_head."): torch.as_tensor(v)
         for k, v in state.items()
