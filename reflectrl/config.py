@@ -320,6 +320,14 @@ AdvantageEstimator = Literal["gae", "reinforce", "rloo", "grpo", "gigpo"]
 CRITIC_FREE: frozenset[str] = frozenset({"reinforce", "rloo", "grpo", "gigpo"})
 
 
+class SuccessReplayConfig(Strict):
+    """The last `episodes` successful episodes of the current curriculum stage, cleared at a
+    stage switch, added to every update with a self-imitation term (rl/success_replay.py)."""
+
+    episodes: int = Field(0, ge=0)  # 0: off; the authors keep 50
+    weight: float = Field(1.0, ge=0)  # of the replayed steps' mean -log pi(a|s)
+
+
 class RLStage(Strict):
     enabled: bool = True  # the pipeline's rl stage; false: the SFT-only ablation
     # gae: PPO over the value head; reinforce: the discounted return-to-go (the authors'
@@ -333,6 +341,7 @@ class RLStage(Strict):
     scale_by_std: bool = True
     # Standardise the advantages over the rows that carry loss (bootstrap rows get 0).
     normalise_advantages: bool = True
+    success_replay: SuccessReplayConfig = Field(default_factory=SuccessReplayConfig)
 
     @property
     def critic(self) -> bool:

@@ -7,6 +7,10 @@ every row, bootstrap rows included, so the rows that carry loss were not centred
 sat at -0.10 to -0.15 std on Taxi). Here the advantages are standardised over the loss rows only
 and a bootstrap row's advantage is 0.
 
+Success replay's episodes (rl/success_replay.py) take no part in the advantages: their rows
+leave LOSS_MASK and are marked in the `success_replay` column for the learner's
+self-imitation term.
+
 What it logs per module (into the learner's results, then `metrics.jsonl`): the raw advantages'
 mean and std before standardising, the episodes compared with the whole batch for want of a
 group, and gigpo's anchored steps.
@@ -26,6 +30,7 @@ from ray.rllib.evaluation.postprocessing import Postprocessing
 
 from reflectrl.config import CRITIC_FREE
 from reflectrl.rl.advantages import AdvantageSettings, Episode, estimate, standardise
+from reflectrl.rl.success_replay import REPLAY_COLUMN, is_replay
 
 RAW_MEAN = "advantage_raw_mean"
 RAW_STD = "advantage_raw_std"
@@ -61,8 +66,13 @@ class AdvantageEstimation(ConnectorV2):
             module = rl_module[module_id]
             mine = [e for e in chunks if e.module_id in (None, module_id)]
             lengths = [len(e) for e in mine]  # steps + the bootstrap row
-            advantages, targets, stats = self.compute(module, module_batch, mine, lengths)
+            replayed = np.repeat([is_replay(e) for e in mine], lengths)
             device = module_batch[Columns.REWARDS].device
+            if replayed.any():  # success replay's rows: the self-imitation term, not PPO's
+                loss = _numpy(module_batch[Columns.LOSS_MASK]).astype(bool)
+                module_batch[REPLAY_COLUMN] = torch.as_tensor(loss & replayed, device=device)
+                module_batch[Columns.LOSS_MASK] = torch.as_tensor(loss & ~replayed, device=device)
+            advantages, targets, stats = self.compute(module, module_batch, mine, lengths)
             module_batch[Postprocessing.ADVANTAGES] = torch.as_tensor(advantages, device=device)
             module_batch[Postprocessing.VALUE_TARGETS] = torch.as_tensor(targets, device=device)
             if metrics is not None:
@@ -83,8 +93,13 @@ class AdvantageEstimation(ConnectorV2):
         values = _numpy(module.compute_values(module_batch)) if critic else None
         digests = _digests(module_batch) if self.settings.estimator == "gigpo" else None
         starts = np.cumsum([0, *lengths])
+        spans = [
+            (start, end)
+            for (start, end), chunk in zip(itertools.pairwise(starts), chunks, strict=True)
+            if not is_replay(chunk)
+        ]
         found = []
-        for start, end in itertools.pairwise(starts):
+        for start, end in spans:
             last = end - 2  # the chunk's last real step; `end - 1` is its bootstrap row
             found.append(
                 Episode(
@@ -97,7 +112,7 @@ class AdvantageEstimation(ConnectorV2):
         result = estimate(found, self.settings)
         advantages = np.zeros(rows, dtype=np.float32)
         targets = np.zeros(rows, dtype=np.float32) if values is None else values.copy()
-        for k, (start, end) in enumerate(itertools.pairwise(starts)):
+        for k, (start, end) in enumerate(spans):
             advantages[start : end - 1] = result.advantages[k]
             if result.value_targets is not None:
                 targets[start : end - 1] = result.value_targets[k]

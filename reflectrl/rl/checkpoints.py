@@ -4,7 +4,8 @@ one `--resume` continues from.
 
 Each holds `rllib/` (algorithm, learner and optimizer state), `adapter/` (the policy's LoRA
 adapter in peft format + value head) and `reflectrl_state.json` (iteration, curriculum stage,
-run totals, every worker's env random streams).
+run totals, every worker's env random streams), and with `rl.success_replay` its buffer
+(`success_replay.pkl`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ def write_checkpoint(
     algo: Any,
     save_adapter: Callable[[Path], None],
     state: dict[str, Any],
+    save_extra: Callable[[Path], None] | None = None,
 ) -> Path:
     """RLlib checkpoint + peft adapter + our state, as `checkpoints/iter_<iteration>`.
 
@@ -39,6 +41,8 @@ def write_checkpoint(
             algo.save_to_path(str((tmp / "rllib").resolve()))
             save_adapter(tmp / "adapter")
             write_json(tmp / CHECKPOINT_STATE_FILE, state)
+            if save_extra is not None:  # more files of the run's (success replay's buffer)
+                save_extra(tmp)
         write_text(root / LATEST_CHECKPOINT, name)
     except OSError as err:
         previous = (

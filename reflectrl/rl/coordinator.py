@@ -173,3 +173,11 @@ class CoordinatorCallback(RLlibCallback):
             self.totals[key] = int(state.get("totals", {}).get(key, 0))
         self.restarted_workers = int(state.get("restarted_workers", 0))
         self.random_states = {int(k): v for k, v in state.get("random_states", {}).items()}
+
+
+def coordinator_of(callbacks: Any) -> CoordinatorCallback:
+    """The coordinator among an algorithm's callbacks (`algo.callbacks`)."""
+    for callback in callbacks if isinstance(callbacks, list) else [callbacks]:
+        if isinstance(callback, CoordinatorCallback):
+            return callback
+    raise RuntimeError("the coordinator callback is missing from the algorithm")

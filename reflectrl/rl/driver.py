@@ -32,12 +32,13 @@ from reflectrl.preflight import check_run
 from reflectrl.reflection.actor import ReflectionServers
 from reflectrl.reflection.endpoint import ReflectionEndpoint
 from reflectrl.rl.checkpoints import read_state, write_checkpoint
-from reflectrl.rl.coordinator import CoordinatorCallback
+from reflectrl.rl.coordinator import CoordinatorCallback, coordinator_of
 from reflectrl.rl.curriculum import Curriculum
 from reflectrl.rl.iteration_row import HeldOutFigures, IterationRow, IterationRows, IterationTiming
 from reflectrl.rl.metrics import MetricsSink, format_progress
 from reflectrl.rl.monitor import IterationMonitor
 from reflectrl.rl.ppo import ReflectRLPPO, build_ppo_config
+from reflectrl.rl.success_replay import REPLAY_FILE
 from reflectrl.run_dir import CONFIG_FILE
 
 logger = logging.getLogger(__name__)
@@ -111,11 +112,7 @@ class Run:
     @property
     def coordinator(self) -> CoordinatorCallback:
         assert self.algo is not None
-        callbacks = self.algo.callbacks
-        for cb in callbacks if isinstance(callbacks, list) else [callbacks]:
-            if isinstance(cb, CoordinatorCallback):
-                return cb
-        raise RuntimeError("the coordinator callback is missing from the algorithm")
+        return coordinator_of(self.algo.callbacks)
 
     @property
     def env_steps(self) -> int:
@@ -137,6 +134,7 @@ class Run:
             staleness=self.algo.staleness,
             weight_sync_bytes=self.algo.weight_sync_bytes(),
             reflection_restarts=self.servers.restarts(),
+            replay_episodes=len(replay.episodes) if (replay := self.algo.success_replay) else 0,
         )
         if restarted:  # workers crashed: was it the reflection server?
             self._check_reflection_alive()
@@ -237,6 +235,7 @@ class Run:
             self.algo,
             lambda directory: save_adapter_state(policy_state, peft_config, directory),
             state,
+            self._save_replay,
         )
         self.last_saved = self.iteration
         return path
@@ -253,7 +252,15 @@ class Run:
         if len(saved_streams) == max(1, self.config.run.num_learners):  # same learners as before
             self.algo.restore_learner_streams(saved_streams)
         self.rows.restarts_seen = self.coordinator.restarted_workers
+        replay = self.algo.success_replay
+        if replay is not None and (checkpoint / REPLAY_FILE).is_file():
+            replay.load(checkpoint / REPLAY_FILE)
         self.last_saved = self.iteration
+
+    def _save_replay(self, checkpoint: Path) -> None:
+        assert self.algo is not None
+        if self.algo.success_replay is not None:
+            self.algo.success_replay.save(checkpoint / REPLAY_FILE)
 
     def close(self) -> None:
         """Release everything; never raises over the error that may be stopping the run."""

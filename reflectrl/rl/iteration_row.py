@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -10,6 +11,7 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 
 from reflectrl.rl.advantage_connector import FALLBACK_EPISODES, RAW_MEAN, RAW_STD
 from reflectrl.rl.coordinator import CoordinatorReport
+from reflectrl.rl.learner import REPLAY_NLL
 
 
 class HeldOutFigures(TypedDict, total=False):
@@ -60,6 +62,9 @@ class IterationRow(HeldOutFigures):
     advantage_raw_std: float | None
     # Episodes alone in their group, compared with the whole batch instead (rloo/grpo/gigpo).
     advantage_batch_baseline_episodes: int | None
+    # rl.success_replay: episodes in the buffer, and the replayed steps' mean -log pi(a|s).
+    success_replay_episodes: int
+    success_replay_nll: float | None
 
 
 @dataclass
@@ -84,6 +89,7 @@ class IterationRows:
         staleness: int,
         weight_sync_bytes: int,
         reflection_restarts: int,
+        replay_episodes: int = 0,
     ) -> tuple[IterationRow, int]:
         """(the row, how many workers RLlib restarted since the last row)."""
         ours: CoordinatorReport = result["reflectrl"]
@@ -128,6 +134,9 @@ class IterationRows:
             advantage_raw_mean=_scalar(learner.get(RAW_MEAN)),
             advantage_raw_std=_scalar(learner.get(RAW_STD)),
             advantage_batch_baseline_episodes=_count(learner.get(FALLBACK_EPISODES)),
+            success_replay_episodes=replay_episodes,
+            # RLlib reports NaN for a stat an update did not log (no replayed rows this time).
+            success_replay_nll=_finite(learner.get(REPLAY_NLL)),
         )
         return row, restarted
 
@@ -142,3 +151,8 @@ def _scalar(value: Any) -> float | None:
 def _count(value: Any) -> int | None:
     number = _scalar(value)
     return None if number is None else int(number)
+
+
+def _finite(value: Any) -> float | None:
+    number = _scalar(value)
+    return number if number is not None and math.isfinite(number) else None

@@ -35,11 +35,13 @@ from reflectrl.config import RLStage
 from reflectrl.models.policy import length_order
 from reflectrl.rl.advantage_connector import AdvantageEstimation
 from reflectrl.rl.advantages import AdvantageSettings
+from reflectrl.rl.success_replay import REPLAY_COLUMN
 from reflectrl.rollout.progress_board import board_reporter, take_learner_name
 
 # Loss statistics RLlib logs per loss call; re-logged as means over the whole minibatch.
 MEAN_STATS = (POLICY_LOSS_KEY, VF_LOSS_KEY, LEARNER_RESULTS_VF_LOSS_UNCLIPPED_KEY, ENTROPY_KEY)
 CRITIC_STATS = (VF_LOSS_KEY, LEARNER_RESULTS_VF_LOSS_UNCLIPPED_KEY)
+REPLAY_NLL = "success_replay_nll"  # mean -log pi(a|s) over the replayed rows
 
 
 class AdvantageConfig(TypedDict):
@@ -122,33 +124,50 @@ class ReflectRLPPOLearner(PPOTorchLearner):
 
     def accumulate_gradients(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         """Zero the gradients, then accumulate d(loss)/d(params) over micro-batches of the loss
-        rows of every module's minibatch; returns each module's (detached) total loss."""
+        rows (and success replay's rows) of every module's minibatch; returns each module's
+        (detached) total loss."""
         for optimizer in self._optimizer_parameters:
             optimizer.zero_grad(set_to_none=True)
         losses: dict[str, torch.Tensor] = {}
         for module_id, module_batch in batch.items():
-            rows = loss_rows(module_batch)
-            if rows.numel():
-                losses[module_id] = self._accumulate_module(module_id, module_batch, rows)
+            rows, replayed = loss_rows(module_batch), replay_rows(module_batch)
+            if rows.numel() or replayed.numel():
+                losses[module_id] = self._accumulate_module(module_id, module_batch, rows, replayed)
         return losses
 
     def _accumulate_module(
-        self, module_id: str, module_batch: dict[str, Any], rows: torch.Tensor
+        self,
+        module_id: str,
+        module_batch: dict[str, Any],
+        rows: torch.Tensor,
+        replayed: torch.Tensor,
     ) -> torch.Tensor:
         module = self.module[module_id]
         width = module.unwrapped().micro_batch_size
-        ordered = rows[length_order(module_batch[Columns.OBS]["attention_mask"][rows])]
-        chunks = ordered.tensor_split(-(-ordered.numel() // width))  # near-equal, <= width rows
+        lengths = module_batch[Columns.OBS]["attention_mask"]
+        # (rows, is replay): PPO's micro-batches, then success replay's.
+        parts = [(chunk, False) for chunk in _micro_batches(rows, lengths, width)]
+        parts += [(chunk, True) for chunk in _micro_batches(replayed, lengths, width)]
         total = torch.zeros(())
         stats = dict.fromkeys((*MEAN_STATS, LEARNER_RESULTS_KL_KEY), 0.0)
         values, targets = [], []
-        for k, chunk in enumerate(chunks):
+        replay_nll = 0.0
+        for k, (chunk, is_replay) in enumerate(parts):
             part = take_rows(module_batch, chunk)
-            weight = chunk.numel() / rows.numel()
             # Under DDP, gradients are all-reduced once, after the last micro-batch.
-            defer_sync = k < len(chunks) - 1 and hasattr(module, "no_sync")
+            defer_sync = k < len(parts) - 1 and hasattr(module, "no_sync")
             with module.no_sync() if defer_sync else contextlib.nullcontext():
                 fwd_out = module.forward_train(part)
+                if is_replay:  # self-imitation: weight x mean -log pi(a|s) over replayed rows
+                    dist = module.unwrapped().get_train_action_dist_cls()
+                    logits = fwd_out[Columns.ACTION_DIST_INPUTS]
+                    nll = -dist.from_logits(logits).logp(part[Columns.ACTIONS]).sum()
+                    loss = self.replay_weight * nll / replayed.numel()
+                    loss.backward()
+                    total = total + loss.detach()
+                    replay_nll += float(nll.detach()) / replayed.numel()
+                    continue
+                weight = chunk.numel() / rows.numel()
                 loss = self.compute_losses(fwd_out={module_id: fwd_out}, batch={module_id: part})
                 (loss[module_id] * weight).backward()
             total = total + loss[module_id].detach() * weight
@@ -158,17 +177,38 @@ class ReflectRLPPOLearner(PPOTorchLearner):
                 embeddings = fwd_out[Columns.EMBEDDINGS].detach()
                 values.append(module.unwrapped().compute_values(part, embeddings=embeddings))
                 targets.append(part[Postprocessing.VALUE_TARGETS])
-        if not self.config.use_critic:  # no critic: no value figures (RLlib's loss logs zeros)
+        if replayed.numel():
+            stats[REPLAY_NLL] = replay_nll
+        if not self.config.use_critic or not values:  # no critic: no value figures
             for key in (*CRITIC_STATS, LEARNER_RESULTS_VF_EXPLAINED_VAR_KEY):
                 stats.pop(key, None)
-                self.metrics.delete(module_id, key, key_error=False)
-            self.metrics.log_dict(stats, key=module_id, window=1)
-            return total
-        stats[LEARNER_RESULTS_VF_EXPLAINED_VAR_KEY] = _number(
-            explained_variance(torch.cat(targets), torch.cat(values))
-        )
+                self.metrics.delete(module_id, key, key_error=False)  # RLlib's loss logs zeros
+        else:
+            stats[LEARNER_RESULTS_VF_EXPLAINED_VAR_KEY] = _number(
+                explained_variance(torch.cat(targets), torch.cat(values))
+            )
         self.metrics.log_dict(stats, key=module_id, window=1)
         return total
+
+    @property
+    def replay_weight(self) -> float:
+        return float(self.config.learner_config_dict.get("replay_weight", 0.0))
+
+
+def _micro_batches(rows: torch.Tensor, lengths: torch.Tensor, width: int) -> list[torch.Tensor]:
+    """`rows` sorted by prompt length, cut into near-equal micro-batches of <= width rows."""
+    if not rows.numel():
+        return []
+    ordered = rows[length_order(lengths[rows])]
+    return list(ordered.tensor_split(-(-ordered.numel() // width)))
+
+
+def replay_rows(module_batch: dict[str, Any]) -> torch.Tensor:
+    """Indices of success replay's rows (rl/success_replay.py); none without replay."""
+    mask = module_batch.get(REPLAY_COLUMN)
+    if mask is None:
+        return torch.zeros(0, dtype=torch.long)
+    return torch.nonzero(torch.as_tensor(mask), as_tuple=False)[:, 0]
 
 
 def _number(value: Any) -> float:

@@ -38,7 +38,7 @@ from ray.tune.registry import register_env
 from reflectrl.config import ReflectRLConfig
 from reflectrl.preflight import PolicySpec
 from reflectrl.reflection.endpoint import ReflectionEndpoint
-from reflectrl.rl.coordinator import CoordinatorCallback
+from reflectrl.rl.coordinator import CoordinatorCallback, coordinator_of
 from reflectrl.rl.learner import ReflectRLPPOLearner, advantage_config
 from reflectrl.rl.rl_module import (
     POLICY_PREFIX,
@@ -47,6 +47,7 @@ from reflectrl.rl.rl_module import (
     module_config,
     state_nbytes,
 )
+from reflectrl.rl.success_replay import SuccessReplay
 from reflectrl.rollout.env_creator import env_config_for, make_vector_env
 from reflectrl.seeding import capture_streams, restore_streams
 
@@ -64,6 +65,7 @@ class ReflectRLPPOConfig(PPOConfig):
     def __init__(self, algo_class: Any = None) -> None:
         super().__init__(algo_class=algo_class or ReflectRLPPO)
         self.max_staleness = 0  # ppo.max_staleness
+        self.success_replay_episodes = 0  # rl.success_replay.episodes
 
 
 class ReflectRLPPO(PPO):
@@ -94,6 +96,8 @@ class ReflectRLPPO(PPO):
         self._in_flight = 0  # workers sampling a batch
         self._modules_to_sync: set[str] = set()
         self._sync_bytes: int | None = None
+        capacity = self.config.success_replay_episodes
+        self.success_replay = SuccessReplay(capacity) if capacity else None
 
     def training_step(self) -> None:
         """One PPO iteration. `Algorithm.train()` runs it, then the coordinator's
@@ -113,8 +117,9 @@ class ReflectRLPPO(PPO):
             if not episodes:  # every worker failed; RLlib restarts them before the next call
                 return
             self.metrics.aggregate(worker_metrics, key=ENV_RUNNER_RESULTS)
-        # 2. advantages (GAE, in the learner's connector) and 3. the PPO update.
-        modules = self._update(episodes)
+        # 2. advantages (rl.advantage, in the learner's connector) and 3. the PPO update, with
+        # success replay's episodes if it is on.
+        modules = self._update(self._with_replay(episodes))
         # 4. weight sync: the new LoRA to every worker, which applies it before its next sample.
         # (Not RLlib's `sync_weights`: it drops a worker's sync while it still counts that
         # worker's previous one as in flight, one request per worker and tag looked up without
@@ -124,6 +129,15 @@ class ReflectRLPPO(PPO):
             self.push_weights(modules)
         self._updates += 1
         self._synced = self._updates
+
+    def _with_replay(self, episodes: list[Any]) -> list[Any]:
+        """The sampled episodes, plus copies of success replay's (which first takes this
+        batch's successes of the current stage)."""
+        if self.success_replay is None:
+            return episodes
+        stage = coordinator_of(self.callbacks).curriculum
+        self.success_replay.observe(episodes, stage.stage if stage is not None else "")
+        return episodes + self.success_replay.for_update()
 
     def _update(self, episodes: list[Any]) -> set[str]:
         """GAE over the episodes (the learner connector, with the module's values and the
@@ -170,7 +184,7 @@ class ReflectRLPPO(PPO):
         self.sampled_stats = [stats for _, _, stats in results]
         self.staleness = self._updates - sampled_at
         self.sampled_versions = _weights_versions(episodes)
-        self._modules_to_sync = self._update(episodes)
+        self._modules_to_sync = self._update(self._with_replay(episodes))
         self._updates += 1
 
     def _send_weights(self) -> None:
@@ -267,6 +281,7 @@ def build_ppo_config(
     register_env(ENV_ID, make_vector_env)
     algo_config = ReflectRLPPOConfig()
     algo_config.max_staleness = ppo.max_staleness
+    algo_config.success_replay_episodes = config.rl.success_replay.episodes
     return (
         algo_config.environment(
             env=ENV_ID,
@@ -292,7 +307,10 @@ def build_ppo_config(
             num_gpus_per_learner=run.num_gpus_per_learner,
             custom_resources_per_learner=dict(run.learner_resources),
             learner_class=ReflectRLPPOLearner,
-            learner_config_dict={"advantage": advantage_config(config.rl)},
+            learner_config_dict={
+                "advantage": advantage_config(config.rl),
+                "replay_weight": config.rl.success_replay.weight,
+            },
         )
         .training(
             lr=ppo.lr,

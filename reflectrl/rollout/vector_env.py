@@ -297,7 +297,9 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         # truncated one gets one, since GAE bootstraps from its value.
         ended = list(terminated | truncated)
         observation = self._observe(text_obs, list(~terminated), [not e for e in ended], ended)
-        return observation, rewards, terminated, truncated, {"success": successes}
+        # The stage each episode is played in (success replay keeps the current stage's).
+        stages = np.array([env.episode_stage for env in self.envs])
+        return observation, rewards, terminated, truncated, {"success": successes, "stage": stages}
 
     def _reset_env(self, i: int) -> TextObservation:
         obs, _ = self.envs[i].reset(**self._next_reset_args(i))
