@@ -342,6 +342,9 @@ class RLStage(Strict):
     # Standardise the advantages over the rows that carry loss (bootstrap rows get 0).
     normalise_advantages: bool = True
     success_replay: SuccessReplayConfig = Field(default_factory=SuccessReplayConfig)
+    # Group resets: the envs of a worker in groups of this many, each group's episodes sharing
+    # their start (G to a start), for the group-relative estimators. 1: every env on its own.
+    group_size: int = Field(1, ge=1)
 
     @property
     def critic(self) -> bool:
@@ -379,6 +382,11 @@ class ReflectRLConfig(Strict):
 
     @model_validator(mode="after")
     def _check_advantage(self) -> ReflectRLConfig:
+        if self.env.envs_per_worker % self.rl.group_size:
+            raise ValueError(
+                f"rl.group_size={self.rl.group_size} does not divide "
+                f"env.envs_per_worker={self.env.envs_per_worker}; set a divisor of it"
+            )
         if not self.rl.critic and self.ppo.batch_mode != "complete_episodes":
             raise ValueError(
                 f"rl.advantage={self.rl.advantage} scores whole episodes, but "
@@ -394,6 +402,8 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
     msg = first["msg"]
     if first["type"] == "extra_forbidden":
         msg = "unknown key"
+    elif first["type"] == "value_error" and not first["loc"]:  # a check across sections
+        return f"{source}: {first['ctx']['error']}"
     elif "input" in first and not isinstance(first["input"], dict | list):
         msg = f"{msg} (got {first['input']!r})"
     return f"{source}: {key}: {msg}"

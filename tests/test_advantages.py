@@ -160,7 +160,8 @@ def test_rllibs_own_gae_leaves_the_loss_rows_off_centre(sampled: tuple) -> None:
 
 def test_a_critic_free_estimator_builds_no_value_head() -> None:
     config = load_config(
-        SMOKE, [*OVERRIDES, "rl.advantage=gigpo", "ppo.batch_mode=complete_episodes"]
+        SMOKE,
+        [*OVERRIDES, "rl.advantage=gigpo", "ppo.batch_mode=complete_episodes", "rl.group_size=3"],
     )
     free = build_in_process(config)
     assert free.module.policy.value_head is None
@@ -169,6 +170,10 @@ def test_a_critic_free_estimator_builds_no_value_head() -> None:
     episodes = free.sample()
     assert all(e.is_done for e in episodes)  # whole episodes
     batch = free.train_batch(episodes)[MID]
+    # The three envs are one group: each episode is compared with its group, not the batch.
+    groups = {e.get_infos(-1)["group"] for e in episodes}
+    alone = free.learner.metrics.peek((MID, "advantage_batch_baseline_episodes"))
+    assert len(groups) < len(episodes) and alone < len(episodes)
     loss = batch[Columns.LOSS_MASK].numpy().astype(bool)
     assert batch[Postprocessing.ADVANTAGES].numpy()[loss].std() == pytest.approx(1.0, abs=1e-4)
     results = free.update(episodes)

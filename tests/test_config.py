@@ -75,6 +75,9 @@ def test_overrides_parse_yaml_values() -> None:
         (["rl.advantage=ppo2"], "rl.advantage: Input should be 'gae', 'reinforce'"),
         (["rl.step_advantage_weight=-1"], "rl.step_advantage_weight"),
         (["rl.advantage=grpo"], "set ppo.batch_mode=complete_episodes"),
+        (["rl.group_size=0"], "rl.group_size"),
+        (["rl.group_size=3"], "rl.group_size=3 does not divide env.envs_per_worker=4"),
+        (["rl.success_replay.episodes=-1"], "rl.success_replay.episodes"),
     ],
 )
 def test_bad_values_name_the_key(overrides: list[str], needle: str) -> None:

@@ -296,3 +296,64 @@ def test_a_worker_takes_its_seeds_and_reflection_replica_from_its_index() -> Non
         assert env.reflector.base_url == urls[(worker - 1) % 3]
         streams[worker] = env.random_state()
     assert len({json.dumps(s, sort_keys=True, default=str) for s in streams.values()}) == 4
+
+
+def new_episodes(env: Any, steps: int, last: list[str]) -> list[tuple[int, int, int]]:
+    """(group index, draw, start state) of every episode that begins in `steps` steps of
+    "go south" (episodes of a few steps); `last` holds each env's group id so far."""
+    begun = []
+    for _ in range(steps):
+        _, _, _, _, infos = env.step(np.array([0] * env.num_envs))
+        for i, group in enumerate(str(g) for g in infos["group"]):
+            if group != last[i]:  # a reset step: the taxi is still at its start
+                _, index, draw = (int(x) for x in group.split(":"))
+                begun.append((index, draw, int(env.envs[i].taxi.s)))
+                last[i] = group
+    return begun
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_a_group_of_envs_starts_from_one_start_and_a_resume_draws_the_same_groups(
+    tokenizer: Any, prefetch: bool
+) -> None:
+    args = (
+        "reflection.enabled=false",
+        "curriculum.enabled=false",
+        "rl.group_size=3",
+        "env.envs_per_worker=6",
+        "env.options={max_steps: 4}",
+        f"env.prefetch_resets={str(prefetch).lower()}",
+    )
+    env = make_env(tokenizer, *args, num_envs=6)
+    env.set_stage("full")
+    env.reset()
+    # The first episodes: envs 0-2 one draw, envs 3-5 another, each group one start.
+    starts = [int(e.taxi.s) for e in env.envs]
+    assert len(set(starts[:3])) == 1 and len(set(starts[3:])) == 1
+    last = [""] * 6
+    first = new_episodes(env, 1, last)
+    assert sorted((g, d) for g, d, _ in first) == [(0, 0)] * 3 + [(1, 0)] * 3
+    # Later episodes: three to a draw, every episode of a draw from the draw's start.
+    straight = first + new_episodes(env, 9, last)
+    starts_of = {(g, d): s for g, d, s in straight}
+    assert all(starts_of[(g, d)] == s for g, d, s in straight)
+    saved = env.random_state()
+    json.loads(json.dumps(saved))
+    after_save = new_episodes(env, 12, last)
+    assert len(after_save) > 6
+
+    resumed = make_env(tokenizer, *args, num_envs=6)
+    resumed.set_stage("full")
+    resumed.reset()
+    resumed.set_random_state(saved)
+    again = new_episodes(resumed, 1, [""] * 6)  # every env starts a fresh episode
+    assert len(again) == 6
+    for group in (0, 1):
+        next_draw = saved["group_resets"][group] // 3
+        # The straight run's next episode in the group and the resumed run's first: one draw.
+        assert min(d for g, d, _ in after_save if g == group) == next_draw
+        assert min(d for g, d, _ in again if g == group) == next_draw
+    # The same draws, the same starts.
+    later = {(g, d): s for g, d, s in after_save}
+    assert all(later[(g, d)] == s for g, d, s in again if (g, d) in later)
+    assert sum((g, d) in later for g, d, _ in again) >= 4

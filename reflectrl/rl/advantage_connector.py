@@ -93,18 +93,17 @@ class AdvantageEstimation(ConnectorV2):
         values = _numpy(module.compute_values(module_batch)) if critic else None
         digests = _digests(module_batch) if self.settings.estimator == "gigpo" else None
         starts = np.cumsum([0, *lengths])
-        spans = [
-            (start, end)
-            for (start, end), chunk in zip(itertools.pairwise(starts), chunks, strict=True)
-            if not is_replay(chunk)
-        ]
+        pairs = zip(itertools.pairwise(starts), chunks, strict=True)
+        learned = [(span, chunk) for span, chunk in pairs if not is_replay(chunk)]
+        spans = [span for span, _ in learned]
         found = []
-        for start, end in spans:
+        for (start, end), chunk in learned:
             last = end - 2  # the chunk's last real step; `end - 1` is its bootstrap row
             found.append(
                 Episode(
                     rewards=rewards[start : end - 1],
                     terminated=bool(terminateds[last]),
+                    group=_group(chunk),
                     values=None if values is None else values[start:end],
                     digests=None if digests is None else digests[start : end - 1],
                 )
@@ -145,3 +144,10 @@ def _digests(module_batch: dict[str, Any]) -> list[str]:
         hashlib.blake2b(row[:n].tobytes(), digest_size=16).hexdigest()
         for row, n in zip(ids, lengths, strict=True)
     ]
+
+
+def _group(episode: Any) -> tuple[str, str] | None:
+    """The episode's group (rl.group_size): its start draw and its stage; None without one."""
+    info = episode.get_infos(-1)
+    group = str(info.get("group", ""))
+    return (group, str(info.get("stage", ""))) if group else None

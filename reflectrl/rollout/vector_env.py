@@ -35,6 +35,7 @@ from gymnasium.vector import AutoresetMode
 from reflectrl.config import ReflectRLConfig
 from reflectrl.envs.base import TextEnv, TextObservation
 from reflectrl.envs.registry import make_text_env
+from reflectrl.rollout.group_starts import GroupStarts
 from reflectrl.rollout.reset_prefetch import ResetPrefetcher
 from reflectrl.rollout.seams import EpisodeRecord, Reflector, WorkerStats, zero_counts
 from reflectrl.seeding import capture_streams, hash_seed, restore_streams
@@ -94,6 +95,8 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         # Listed starts each env plays next, in order (held-out eval); then drawn ones.
         self._start_queues: list[list[str]] = [[] for _ in range(num_envs)]
         self._starts = [""] * num_envs  # the listed start of each env's running episode
+        self._groups = [""] * num_envs  # the group draw of each env's episode (rl.group_size)
+        self._grouped = [False] * num_envs  # its start came from the group (not a listed one)
         # Eval turns this on to tell states the SFT data showed from new ones.
         self.record_observations = False
         self._observed: list[list[str]] = [[] for _ in range(num_envs)]
@@ -113,6 +116,9 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         self.worker_index = worker_index
         self._reset_seeds = [hash_seed(seed, worker_index, i) for i in range(self.num_envs)]
         self._rngs = [np.random.default_rng([seed, worker_index, i]) for i in range(self.num_envs)]
+        self.group_starts = GroupStarts(
+            self.config.rl.group_size, self.num_envs, seed, worker_index
+        )
         if self.reflector is not None:
             self.reflector.seed = hash_seed(seed, worker_index)
             # Worker i asks reflection replica i - 1 (mod replicas): the load is spread.
@@ -178,15 +184,20 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         from this state draws the same episode."""
         envs = [env.random_state() for env in self.envs]
         seeded = list(self._seeded)
+        # Episodes each group has begun; a prefetched grouped reset is drawn again on resume.
+        begun = list(self.group_starts.begun)
         if self._prefetch is not None:
             self._prefetch.settle()
             for i, pending in self._prefetch.pending.items():
                 envs[i], seeded[i] = pending.streams_before, pending.seeded_before
+                if self._grouped[i]:
+                    begun[i // self.group_starts.group_size] -= 1
         return {
             "worker_index": self.worker_index,
             "envs": envs,
             "menu_shuffles": [dict(rng.bit_generator.state) for rng in self._rngs],
             "seeded": seeded,
+            "group_resets": begun,
             # The worker process's streams: the policy samples its actions from torch's.
             "process": capture_streams(),
         }
@@ -205,6 +216,8 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         for rng, shuffle_state in zip(self._rngs, state["menu_shuffles"], strict=True):
             rng.bit_generator.state = shuffle_state
         self._seeded = [bool(s) for s in state["seeded"]]
+        if "group_resets" in state:  # (older checkpoints have none)
+            self.group_starts.begun = [int(n) for n in state["group_resets"]]
         if "process" in state:  # (older checkpoints have none)
             restore_streams(state["process"])
         self._needs_reset[:] = True  # the next step starts fresh episodes on every env
@@ -292,14 +305,19 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
                 self._record_episode(i, successes[i])
                 self._needs_reset[i] = True
             text_obs.append(obs)
+        # Read before `_observe` starts the next resets: the stage and group of the episode
+        # each env played this step (success replay and group advantages use them).
+        infos = {
+            "success": successes,
+            "stage": np.array([env.episode_stage for env in self.envs]),
+            "group": np.array(self._groups),
+        }
         # An episode's last observation is not live: its action is ignored (the next step
         # resets). A terminated one needs no reflection either (its value is never used); a
         # truncated one gets one, since GAE bootstraps from its value.
         ended = list(terminated | truncated)
         observation = self._observe(text_obs, list(~terminated), [not e for e in ended], ended)
-        # The stage each episode is played in (success replay keeps the current stage's).
-        stages = np.array([env.episode_stage for env in self.envs])
-        return observation, rewards, terminated, truncated, {"success": successes, "stage": stages}
+        return observation, rewards, terminated, truncated, infos
 
     def _reset_env(self, i: int) -> TextObservation:
         obs, _ = self.envs[i].reset(**self._next_reset_args(i))
@@ -311,6 +329,9 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         self._seeded[i] = True
         queue = self._start_queues[i]
         self._starts[i] = queue.pop(0) if queue else ""
+        self._grouped[i] = not queue and not self._starts[i] and self.group_starts.enabled
+        if self._grouped[i]:
+            self._starts[i], self._groups[i] = self.group_starts.next_start(i, self.envs[i])
         return {"seed": seed, "options": {"start": self._starts[i]} if self._starts[i] else None}
 
     def _begin_tally(self, i: int) -> None:
