@@ -238,6 +238,8 @@ def test_runs_that_differ_only_in_rl_settings_share_their_data_and_sft() -> None
     assert key("sft.method=full") == key("sft.method=full", *lora)  # RL's LoRA only
     assert key("sft.method=full") == key("sft.method=full", "ppo.lr=0.5", "eval.every=3")
     assert key("sft.method=full") == key("sft.method=full", "curriculum.review=0.25")
+    rl = ["policy.rl_trainable=full", "rl.advantage=gigpo", "ppo.batch_mode=complete_episodes"]
+    assert key("sft.method=full") == key("sft.method=full", *rl, "rl.group_size=2")
     assert key("sft.method=lora") != key("sft.method=lora", *lora)  # the SFT adapter's shape
     assert key("sft.method=full") != key("sft.method=full", "data.episodes=7")
     assert key("sft.enabled=false") is None

@@ -133,6 +133,7 @@ def warm_start_key(config: ReflectRLConfig) -> str | None:
     for key in RL_ONLY_CURRICULUM:
         tree["curriculum"].pop(key)
     tree["run"] = {"seed": tree["run"]["seed"]}
+    tree["policy"].pop("rl_trainable")  # what RL trains
     if config.sft.method == "full":  # full SFT trains every weight: policy.lora is RL's alone
         tree["policy"].pop("lora")
     return json.dumps(tree, sort_keys=True)
