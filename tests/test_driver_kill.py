@@ -29,6 +29,8 @@ DETERMINISTIC = [
     "--set", "reflection.enabled=false", "--set", "sft.enabled=false",
     "--set", "eval.enabled=false", "--set", "run.checkpoint_every=1",
     "--set", "ppo.batch_mode=complete_episodes", "--set", "ppo.train_batch_size=96",
+    # Group resets and success replay: their counters and buffer are restored too.
+    "--set", "rl.group_size=2", "--set", "rl.success_replay.episodes=50",
 ]  # fmt: skip
 
 # Under load, RLlib used to drop a weight sync whose predecessor's reply it had not seen yet,
@@ -67,6 +69,15 @@ def flat(tree: object, prefix: str = "") -> dict[str, np.ndarray]:
     if isinstance(tree, np.ndarray | torch.Tensor | float | int):
         return {prefix: np.asarray(tree)}
     return {}
+
+
+def replayed(checkpoint: Path) -> list[tuple[list[int], list[float]]]:
+    """Success replay's buffer in a checkpoint: each episode's actions and rewards."""
+    from reflectrl.rl.success_replay import REPLAY_FILE, SuccessReplay
+
+    replay = SuccessReplay(capacity=50)
+    replay.load(checkpoint / REPLAY_FILE)
+    return [([int(a) for a in e.get_actions()], list(e.get_rewards())) for e in replay.episodes]
 
 
 def test_a_resume_after_a_killed_driver_equals_a_straight_run(tmp_path: Path) -> None:
@@ -113,6 +124,7 @@ def test_a_resume_after_a_killed_driver_equals_a_straight_run(tmp_path: Path) ->
     assert moments and optimizer_a.keys() == optimizer_b.keys()
     for key in optimizer_a:
         np.testing.assert_array_equal(optimizer_a[key], optimizer_b[key], err_msg=key)
+    assert replayed(a) == replayed(b)
     rows_a = (straight / "metrics.jsonl").read_text().splitlines()
     rows_b = (killed / "metrics.jsonl").read_text().splitlines()
     assert len(rows_a) == len(rows_b) == ITERATIONS

@@ -357,3 +357,14 @@ def test_a_group_of_envs_starts_from_one_start_and_a_resume_draws_the_same_group
     later = {(g, d): s for g, d, s in after_save}
     assert all(later[(g, d)] == s for g, d, s in again if (g, d) in later)
     assert sum((g, d) in later for g, d, _ in again) >= 4
+
+
+def test_episode_records_say_how_an_episode_ended(tokenizer: Any) -> None:
+    env = make_env(tokenizer, "reflection.enabled=false", "env.options={max_steps: 1}", num_envs=2)
+    env.set_stage("full")
+    env.reset()
+    drop = ACTIONS.index("drop off passenger")  # no passenger aboard: a dangerous no-op
+    env.step(np.array([drop, expert_action(env.envs[1])]))  # a legal move hits the step limit
+    danger, limit = env.pop_stats()["episodes"]
+    assert (danger["success"], danger["step_limit"]) == (False, False)  # ended in failure
+    assert (limit["success"], limit["step_limit"]) == (False, True)

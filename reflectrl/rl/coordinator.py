@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from typing import Any, TypedDict
 
 from ray.rllib.callbacks.callbacks import RLlibCallback
 
 from reflectrl.rl.curriculum import Curriculum
 from reflectrl.rollout.seams import WORKER_COUNTERS as COUNTERS
-from reflectrl.rollout.seams import WorkerCounts, WorkerStats, zero_counts
+from reflectrl.rollout.seams import EpisodeRecord, WorkerCounts, WorkerStats, zero_counts
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +38,10 @@ class CoordinatorReport(TypedDict):
     success_rate: float  # over the curriculum's window
     episode_return_mean: float | None
     episode_len_mean: float | None
+    # How this iteration's episodes ended besides success: failure (terminated without
+    # success; Taxi: a dangerous no-op, the reward's "end at once" exit) and the step limit.
+    failure_share: float | None
+    step_limit_share: float | None
     stage: str  # played in this iteration
     next_stage: str
     worker_stages: list[str]
@@ -141,6 +146,8 @@ class CoordinatorCallback(RLlibCallback):
             episode_len_mean=(
                 sum(e["length"] for e in episodes) / len(episodes) if episodes else None
             ),
+            failure_share=_share(episodes, lambda e: not e["success"] and not e["step_limit"]),
+            step_limit_share=_share(episodes, lambda e: e["step_limit"]),
             stage=stage_played,
             next_stage=self.curriculum.stage,
             worker_stages=[stats["stage"] for stats in per_worker],
@@ -173,6 +180,10 @@ class CoordinatorCallback(RLlibCallback):
             self.totals[key] = int(state.get("totals", {}).get(key, 0))
         self.restarted_workers = int(state.get("restarted_workers", 0))
         self.random_states = {int(k): v for k, v in state.get("random_states", {}).items()}
+
+
+def _share(episodes: list[EpisodeRecord], ended: Callable[[EpisodeRecord], bool]) -> float | None:
+    return sum(map(ended, episodes)) / len(episodes) if episodes else None
 
 
 def coordinator_of(callbacks: Any) -> CoordinatorCallback:

@@ -31,6 +31,8 @@ class IterationRow(HeldOutFigures):
     success_rate: float  # over the curriculum's window
     episode_return_mean: float | None
     episode_len_mean: float | None
+    failure_share: float | None  # episodes that ended in failure (Taxi: danger)
+    step_limit_share: float | None
     stage: str  # the stage played
     next_stage: str
     reflection_calls: int  # run totals
@@ -108,6 +110,8 @@ class IterationRows:
             success_rate=ours["success_rate"],
             episode_return_mean=ours["episode_return_mean"],
             episode_len_mean=ours["episode_len_mean"],
+            failure_share=ours["failure_share"],
+            step_limit_share=ours["step_limit_share"],
             stage=ours["stage"],
             next_stage=ours["next_stage"],
             reflection_calls=totals["reflection_calls"],

@@ -11,6 +11,9 @@ class EpisodeRecord(TypedDict):
 
     stage: str  # the stage the episode was played in (not the env's stage when it ended)
     success: bool
+    # Ended at the step limit (truncated); an episode neither this nor a success ended in
+    # failure (Taxi: a dangerous no-op).
+    step_limit: bool
     episode_return: float
     length: int
     env_index: int  # which of the worker's envs played it

@@ -302,7 +302,7 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
             rewards[i], terminated[i], truncated[i] = reward, term, trunc
             successes[i] = bool(info.get("success", False))
             if term or trunc:
-                self._record_episode(i, successes[i])
+                self._record_episode(i, successes[i], bool(trunc))
                 self._needs_reset[i] = True
             text_obs.append(obs)
         # Read before `_observe` starts the next resets: the stage and group of the episode
@@ -362,11 +362,12 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
             if pending.start:
                 self._start_queues[i].insert(0, pending.start)
 
-    def _record_episode(self, i: int, success: bool) -> None:
+    def _record_episode(self, i: int, success: bool, step_limit: bool) -> None:
         self.finished.append(
             EpisodeRecord(
                 stage=self.envs[i].episode_stage,
                 success=bool(success),
+                step_limit=step_limit and not success,
                 episode_return=float(self._returns[i]),
                 length=int(self._lengths[i]),
                 env_index=i,
