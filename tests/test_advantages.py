@@ -18,18 +18,11 @@ from ray.rllib.utils.postprocessing.value_predictions import compute_value_targe
 from reflectrl.config import load_config
 from reflectrl.rl.advantages import AdvantageSettings, Episode, estimate, standardise
 from tests.helpers import perturb
-from tests.support.in_process import build_in_process
+from tests.support.in_process import SHORT_EPISODES, build_in_process
 
 MID = DEFAULT_MODULE_ID
 SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
-# Short episodes so one round holds terminated, env-truncated and cut chunks.
-OVERRIDES = [
-    "reflection.enabled=false",
-    "env.options.max_steps=6",
-    "env.options.split=all",
-    "env.envs_per_worker=3",
-    "ppo.rollout_fragment_length=12",
-]
+OVERRIDES = SHORT_EPISODES
 
 # --- hand-made episodes ------------------------------------------------------------------
 # A terminated episode and a chunk cut after two steps (bootstrapped from V = 1.0).

@@ -21,19 +21,11 @@ from ray.rllib.evaluation.postprocessing import Postprocessing
 
 from reflectrl.config import load_config
 from tests.helpers import perturb
-from tests.support.in_process import build_in_process
+from tests.support.in_process import SHORT_EPISODES, build_in_process
 
 MID = DEFAULT_MODULE_ID
 SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
-# Short episodes (max_steps 6) so a round holds terminated, env-truncated and cut chunks.
-OVERRIDES = [
-    "reflection.enabled=false",
-    "env.options.max_steps=6",
-    "env.options.split=all",
-    "env.envs_per_worker=3",
-    "ppo.rollout_fragment_length=12",
-    "policy.lora.target_modules=[q_proj,k_proj,v_proj,o_proj]",
-]
+OVERRIDES = [*SHORT_EPISODES, "policy.lora.target_modules=[q_proj,k_proj,v_proj,o_proj]"]
 # Today's launch path before the learner work: RLlib's stock learner, every row through the LM
 # at full width, a separate value pass over all rows, gradient checkpointing.
 REFERENCE = {

@@ -59,31 +59,24 @@ def test_keeps_the_current_stages_successes_and_clears_at_a_switch(tmp_path: Pat
     assert not replay.episodes and replay.stage == "dropoff"
 
 
+def successful_rest(running: SingleAgentEpisode) -> SingleAgentEpisode:
+    """The next chunk of a running episode: one step that succeeds."""
+    rest = running.cut()
+    infos = {"success": True, "stage": "full"}
+    rest.add_env_step(observation=9, action=1, reward=1.0, infos=infos, terminated=True)
+    return rest
+
+
 def test_joins_an_episode_cut_across_iterations() -> None:
     replay = SuccessReplay(capacity=5)
     running = episode(2, False, "full", done=False)
-    rest = running.cut()
-    rest.add_env_step(
-        observation=9,
-        action=1,
-        reward=1.0,
-        infos={"success": True, "stage": "full"},
-        terminated=True,
-    )
+    rest = successful_rest(running)
     replay.observe([running], "full")
     assert not replay.episodes
     replay.observe([rest], "full")
     assert [len(e) for e in replay.episodes] == [3]
     # A chunk whose start was never seen (a resume in mid-episode) is not kept.
-    orphan = episode(2, False, "full", done=False).cut()
-    orphan.add_env_step(
-        observation=9,
-        action=1,
-        reward=1.0,
-        infos={"success": True, "stage": "full"},
-        terminated=True,
-    )
-    replay.observe([orphan], "full")
+    replay.observe([successful_rest(episode(2, False, "full", done=False))], "full")
     assert [len(e) for e in replay.episodes] == [3]
 
 

@@ -21,6 +21,16 @@ from reflectrl.preflight import preflight
 from reflectrl.reflection.endpoint import ReflectionEndpoint
 from reflectrl.rl.ppo import build_ppo_config
 
+# Short Taxi episodes without reflections, so that one round of 3 envs x 12 steps holds
+# terminated, env-truncated and cut chunks.
+SHORT_EPISODES = [
+    "reflection.enabled=false",
+    "env.options.max_steps=6",
+    "env.options.split=all",
+    "env.envs_per_worker=3",
+    "ppo.rollout_fragment_length=12",
+]
+
 
 @dataclass
 class InProcess:
