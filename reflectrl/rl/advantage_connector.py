@@ -63,7 +63,7 @@ class AdvantageEstimation(ConnectorV2):
     ) -> Any:
         chunks = list(self.single_agent_episode_iterator(episodes, agents_that_stepped_only=False))
         for module_id, module_batch in batch.items():
-            module = rl_module[module_id]
+            module = rl_module[module_id].unwrapped()  # DDP wraps it on learner actors
             mine = [e for e in chunks if e.module_id in (None, module_id)]
             lengths = [len(e) for e in mine]  # steps + the bootstrap row
             replayed = np.repeat([is_replay(e) for e in mine], lengths)

@@ -24,6 +24,8 @@ from typing import Any
 
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
+from reflectrl.atomic_files import atomic_path
+
 REPLAY_PREFIX = "replay-"
 REPLAY_COLUMN = "success_replay"  # train batch column: 1 on replayed rows
 REPLAY_FILE = "success_replay.pkl"
@@ -85,7 +87,8 @@ class SuccessReplay:
             "episodes": [e.get_state() for e in self.episodes],
             "open": {k: e.get_state() for k, e in self._open.items()},
         }
-        path.write_bytes(pickle.dumps(state))  # into the checkpoint's folder, renamed at the end
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(pickle.dumps(state))
 
     def load(self, path: Path) -> None:
         # Our own checkpoint file, written by `save` (never a file from elsewhere).
