@@ -27,7 +27,8 @@ so the base weights are the SFT policy). Before RL, every `--every` iterations a
 every held-out (test) start is played once per stage, greedily: success per stage,
 the share of episodes ending in danger, and how many of the states the SFT policy's greedy
 held-out episodes visit now get another argmax action (right->wrong, wrong->right: on a
-shortest path before/after).
+shortest path before/after; danger->move), plus, at those of them where the SFT argmax is
+wrong, the probability now on shortest-path actions and the logit gap still to close.
 
     python -m benchmarks.oracle_advantages --run RUN --advantage oracle --trainable lora_qv8 \
         [--env-steps 20000] [--temperature T] [--entropy-coeff C] [--name NAME]
@@ -203,15 +204,18 @@ def evaluate(
 
 def changed_actions(prompts: Prompts, before: list[int], now: list[int], states: set[int]):
     """Of `states`: how many have another argmax now; of those, how many went from a shortest
-    path to off it (right_to_wrong) and back (wrong_to_right); how many are off it now."""
-    counts = {"changed": 0, "right_to_wrong": 0, "wrong_to_right": 0, "wrong": 0}
+    path to off it (right_to_wrong) and back (wrong_to_right), from a dangerous no-op to a move
+    (danger_to_move); how many are off a shortest path now (wrong)."""
+    counts = dict.fromkeys(["changed", "right_to_wrong", "wrong_to_right", "danger_to_move"], 0)
+    counts["wrong"] = 0
     for i in states:
-        counts["wrong"] += prompts.oracle[i][now[i]] != 0
+        a, b = prompts.oracle[i][before[i]], prompts.oracle[i][now[i]]
+        counts["wrong"] += b != 0
         if now[i] != before[i]:
-            was, right = prompts.oracle[i][before[i]] == 0, prompts.oracle[i][now[i]] == 0
             counts["changed"] += 1
-            counts["right_to_wrong"] += was and not right
-            counts["wrong_to_right"] += right and not was
+            counts["right_to_wrong"] += a == 0 and b != 0
+            counts["wrong_to_right"] += b == 0 and a != 0
+            counts["danger_to_move"] += a == DANGER_ADVANTAGE and b != DANGER_ADVANTAGE
     return counts
 
 
@@ -410,7 +414,7 @@ def main() -> None:
 
     columns = ["iteration", "env_steps", "success_pickup", "success_dropoff", "success_full",
                "success_all", "danger", "changed", "right_to_wrong", "wrong_to_right",
-               "wrong", "states", "p_right_at_wrong", "gap_at_wrong"]  # fmt: skip
+               "danger_to_move", "wrong", "states", "p_right_at_wrong", "gap_at_wrong"]  # fmt: skip
     print_table(heldout, columns)
     print(path)
 
