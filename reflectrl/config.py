@@ -316,8 +316,10 @@ class SFTSettings(Strict):
 
 # The advantage estimators (`rl.advantage`; the math is reflectrl/rl/advantages.py's). All but
 # `gae` use no critic: no value head is built or trained.
-AdvantageEstimator = Literal["gae", "reinforce", "rloo", "grpo", "gigpo"]
-CRITIC_FREE: frozenset[str] = frozenset({"reinforce", "rloo", "grpo", "gigpo"})
+AdvantageEstimator = Literal["gae", "reinforce", "rloo", "grpo", "gigpo", "state_table"]
+CRITIC_FREE: frozenset[str] = frozenset({"reinforce", "rloo", "grpo", "gigpo", "state_table"})
+# The estimators that key steps by a digest of their policy prompt.
+DIGEST_ESTIMATORS: frozenset[str] = frozenset({"gigpo", "state_table"})
 
 
 class SuccessReplayConfig(Strict):
@@ -332,8 +334,10 @@ class RLStage(Strict):
     enabled: bool = True  # the pipeline's rl stage; false: the SFT-only ablation
     # gae: PPO over the value head; reinforce: the discounted return-to-go (the authors'
     # default); rloo / grpo: the episode's return against its group; gigpo: grpo plus a step
-    # advantage over the steps that saw the same prompt. The critic-free ones need whole
-    # episodes (ppo.batch_mode=complete_episodes).
+    # advantage over the steps that saw the same prompt; state_table: the return minus the
+    # running mean return of every earlier step that saw the same prompt (a table critic, kept
+    # by a single learner). The critic-free ones need whole episodes
+    # (ppo.batch_mode=complete_episodes).
     advantage: AdvantageEstimator = "gae"
     # gigpo: the weight of the step (anchor-state) advantage beside the episode advantage.
     step_advantage_weight: float = Field(1.0, ge=0)
@@ -392,6 +396,11 @@ class ReflectRLConfig(Strict):
                 f"rl.advantage={self.rl.advantage} scores whole episodes, but "
                 f"ppo.batch_mode={self.ppo.batch_mode} cuts them; set "
                 "ppo.batch_mode=complete_episodes (or rl.advantage=gae)"
+            )
+        if self.rl.advantage == "state_table" and self.run.num_learners > 1:
+            raise ValueError(
+                f"rl.advantage=state_table keeps its table in one learner, but "
+                f"run.num_learners={self.run.num_learners}; set run.num_learners=0 or 1"
             )
         return self
 

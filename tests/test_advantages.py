@@ -16,7 +16,14 @@ from ray.rllib.evaluation.postprocessing import Postprocessing
 from ray.rllib.utils.postprocessing.value_predictions import compute_value_targets
 
 from reflectrl.config import load_config
-from reflectrl.rl.advantages import AdvantageSettings, Episode, estimate, standardise
+from reflectrl.rl.advantages import (
+    AdvantageSettings,
+    Episode,
+    StateTable,
+    estimate,
+    standardise,
+)
+from reflectrl.rl.learner import STATE_TABLE
 from tests.helpers import perturb
 from tests.support.in_process import SHORT_EPISODES, build_in_process
 
@@ -99,6 +106,36 @@ def test_gigpo_needs_a_digest_per_step() -> None:
         estimate([TERMINATED], AdvantageSettings("gigpo"))
 
 
+def test_state_table_subtracts_the_running_mean_of_every_visit_so_far() -> None:
+    settings = AdvantageSettings("state_table", gamma=0.9)
+    table = StateTable()
+    first = estimate(GROUPED, settings, table)
+    # Returns-to-go [1.9, 1], [0, 0, 0], [1], [3]. "x": 1.9, 0 and 3 (mean 4.9 / 3; groups do
+    # not matter), "y": 1 and 0 (mean 0.5); "z" and "w" are seen once: 0.
+    x = 4.9 / 3
+    expected = [[1.9 - x, 0.5], [-x, 0.0, -0.5], [0.0], [3 - x]]
+    for got, want in zip(first.advantages, expected, strict=True):
+        np.testing.assert_allclose(got, want)
+    assert first.anchor_steps == 0  # the table was empty before this batch
+    assert first.value_targets is None
+    # The next batch is measured against the table with this batch in it: "x" has 1.9, 0, 3
+    # and now 1.0 (mean 1.475); "q" is new.
+    second = estimate([Episode(np.array([1.0]), True, digests=["x"])], settings, table)
+    np.testing.assert_allclose(second.advantages[0], [1.0 - 1.475])
+    assert second.anchor_steps == 1
+    assert table.counts["x"] == 4 and table.value("y") == pytest.approx(0.5)
+    restored = StateTable()
+    restored.load(table.state())
+    assert restored == table
+
+
+def test_state_table_needs_its_table_and_digests() -> None:
+    with pytest.raises(ValueError, match="StateTable"):
+        estimate(GROUPED, AdvantageSettings("state_table"))
+    with pytest.raises(ValueError, match="digest"):
+        estimate([TERMINATED], AdvantageSettings("state_table"), StateTable())
+
+
 # --- the connector on a real train batch ---------------------------------------------------
 
 
@@ -172,3 +209,27 @@ def test_a_critic_free_estimator_builds_no_value_head() -> None:
     results = free.update(episodes)
     stats = results[0][MID] if isinstance(results, list) else results[MID]
     assert "vf_loss" not in stats and "policy_loss" in stats
+
+
+def test_state_table_lives_on_in_the_learner_and_its_checkpoint_state() -> None:
+    """The table grows over iterations in the learner's connector, goes into the learner's
+    checkpoint state (not into a weight sync), and a fresh learner restored from that state
+    holds the same table."""
+    overrides = [*OVERRIDES, "rl.advantage=state_table", "ppo.batch_mode=complete_episodes"]
+    config = load_config(SMOKE, overrides)
+    local = build_in_process(config)
+    assert local.module.policy.value_head is None
+    episodes = local.sample()
+    local.train_batch(episodes)
+    state = local.learner.get_state()
+    visits = sum(state[STATE_TABLE]["counts"].values())
+    assert visits == sum(len(e) for e in episodes)  # every step, keyed by its prompt
+    local.train_batch(local.sample())
+    assert sum(local.learner.get_state()[STATE_TABLE]["counts"].values()) > visits
+    assert STATE_TABLE not in local.learner.get_state(components="rl_module")
+
+    fresh = build_in_process(config)
+    fresh.learner.set_state(local.learner.get_state())
+    assert fresh.learner.get_state()[STATE_TABLE] == local.learner.get_state()[STATE_TABLE]
+    # Without state_table, the learner state has no table.
+    assert STATE_TABLE not in build_in_process(load_config(SMOKE, OVERRIDES)).learner.get_state()

@@ -78,6 +78,10 @@ def test_overrides_parse_yaml_values() -> None:
         (["rl.group_size=0"], "rl.group_size"),
         (["rl.group_size=3"], "rl.group_size=3 does not divide env.envs_per_worker=4"),
         (["rl.success_replay.episodes=-1"], "rl.success_replay.episodes"),
+        (
+            ["rl.advantage=state_table", "ppo.batch_mode=complete_episodes", "run.num_learners=2"],
+            "set run.num_learners=0 or 1",
+        ),
     ],
 )
 def test_bad_values_name_the_key(overrides: list[str], needle: str) -> None:

@@ -13,7 +13,10 @@ self-imitation term.
 
 What it logs per module (into the learner's results, then `metrics.jsonl`): the raw advantages'
 mean and std before standardising, the episodes compared with the whole batch for want of a
-group, and gigpo's anchored steps.
+group, and the steps gigpo anchored (or whose prompt state_table had seen before).
+
+`state_table`'s table lives here, across iterations; the learner puts it in its checkpoint
+state (rl/learner.py).
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from ray.rllib.connectors.connector_v2 import ConnectorV2
 from ray.rllib.core.columns import Columns
 from ray.rllib.evaluation.postprocessing import Postprocessing
 
-from reflectrl.config import CRITIC_FREE
-from reflectrl.rl.advantages import AdvantageSettings, Episode, estimate, standardise
+from reflectrl.config import CRITIC_FREE, DIGEST_ESTIMATORS
+from reflectrl.rl.advantages import AdvantageSettings, Episode, StateTable, estimate, standardise
 from reflectrl.rl.success_replay import REPLAY_COLUMN, is_replay
 
 RAW_MEAN = "advantage_raw_mean"
@@ -51,6 +54,7 @@ class AdvantageEstimation(ConnectorV2):
         super().__init__(input_observation_space, input_action_space, **kwargs)
         self.settings = settings
         self.normalise = normalise
+        self.table = StateTable()  # state_table's critic; empty and unused otherwise
 
     def __call__(
         self,
@@ -91,7 +95,7 @@ class AdvantageEstimation(ConnectorV2):
             raise ValueError(f"train batch has {rewards.shape[0]} rows, its episodes {rows}")
         critic = self.settings.estimator not in CRITIC_FREE
         values = _numpy(module.compute_values(module_batch)) if critic else None
-        digests = _digests(module_batch) if self.settings.estimator == "gigpo" else None
+        digests = _digests(module_batch) if self.settings.estimator in DIGEST_ESTIMATORS else None
         starts = np.cumsum([0, *lengths])
         pairs = zip(itertools.pairwise(starts), chunks, strict=True)
         learned = [(span, chunk) for span, chunk in pairs if not is_replay(chunk)]
@@ -108,7 +112,7 @@ class AdvantageEstimation(ConnectorV2):
                     digests=None if digests is None else digests[start : end - 1],
                 )
             )
-        result = estimate(found, self.settings)
+        result = estimate(found, self.settings, self.table)
         advantages = np.zeros(rows, dtype=np.float32)
         targets = np.zeros(rows, dtype=np.float32) if values is None else values.copy()
         for k, (start, end) in enumerate(spans):
@@ -136,7 +140,8 @@ def _numpy(value: Any) -> np.ndarray:
 
 def _digests(module_batch: dict[str, Any]) -> list[str]:
     """A digest of each row's policy prompt (its real tokens): GiGPO's anchor-state key. Same
-    prompt, same digest; the prompt holds the observation and its reflection."""
+    prompt, same digest; the prompt holds the observation, its reflection and the stage's
+    instruction."""
     obs = module_batch[Columns.OBS]
     ids = _numpy(obs["input_ids"]).astype(np.int64)
     lengths = _numpy(obs["attention_mask"]).sum(axis=1).astype(int)

@@ -11,6 +11,11 @@ observation). Output: one advantage per step, and the value targets a critic tra
   mean; mean and std), broadcast to every step of the episode.
 - `gigpo`: GRPO's episode advantage plus a step advantage: the discounted return from a step
   minus the mean over the group's steps that saw the same observation ("anchor states").
+- `state_table`: the discounted return from a step minus a table critic, the running mean of
+  the return from every step so far (this batch's included) that saw the same observation: a
+  critic that tells every observation apart, which the LM's value head cannot (Taxi's start
+  prompts share a last-token state at cosine 0.998). The table (`StateTable`) lives on in the
+  learner across iterations and in its checkpoints.
 
 Groups: episodes that share `group` started from the same start. An episode alone in its group
 (or with no group) is compared with the whole batch instead, and `fallback_episodes` counts it.
@@ -43,7 +48,7 @@ class Episode:
     terminated: bool  # the last step ended the episode: nothing to bootstrap
     values: np.ndarray | None = None  # [T + 1], critic estimators only
     group: Hashable | None = None
-    digests: Sequence[Hashable] | None = None  # [T], gigpo only
+    digests: Sequence[Hashable] | None = None  # [T], gigpo and state_table only
 
 
 @dataclass(frozen=True)
@@ -60,8 +65,33 @@ class Estimate:
     advantages: list[np.ndarray]  # one [T] array per episode
     value_targets: list[np.ndarray] | None  # one [T] per episode; None without a critic
     fallback_episodes: int = 0  # episodes alone in their group: compared with the batch
-    anchor_steps: int = 0  # gigpo: steps that share their observation with another step
+    # gigpo: steps that share their observation with another step of the batch; state_table:
+    # steps whose observation the table had seen before this batch.
+    anchor_steps: int = 0
     extra: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class StateTable:
+    """`state_table`'s critic: per observation digest, the sum and count of the discounted
+    returns-to-go seen from it. Plain dicts of str/float/int, so it pickles into a learner
+    checkpoint as is."""
+
+    sums: dict[Hashable, float] = field(default_factory=dict)
+    counts: dict[Hashable, int] = field(default_factory=dict)
+
+    def add(self, digest: Hashable, value: float) -> None:
+        self.sums[digest] = self.sums.get(digest, 0.0) + value
+        self.counts[digest] = self.counts.get(digest, 0) + 1
+
+    def value(self, digest: Hashable) -> float:
+        return self.sums[digest] / self.counts[digest]
+
+    def state(self) -> dict[str, dict[Hashable, float] | dict[Hashable, int]]:
+        return {"sums": dict(self.sums), "counts": dict(self.counts)}
+
+    def load(self, state: dict[str, dict]) -> None:
+        self.sums, self.counts = dict(state["sums"]), dict(state["counts"])
 
 
 def gae(
@@ -145,8 +175,37 @@ def anchor_step_advantages(
     return out, anchored
 
 
-def estimate(episodes: Sequence[Episode], settings: AdvantageSettings) -> Estimate:
-    """Per-step advantages (and value targets with a critic) of `episodes`, unstandardised."""
+def table_advantages(
+    returns: Sequence[np.ndarray], digests: Sequence[Sequence[Hashable]], table: StateTable
+) -> tuple[list[np.ndarray], int]:
+    """`state_table`: every step's return goes into the table first, then each step's advantage
+    is its return minus the table's mean for its observation (0 for one seen only once).
+    Returns (per-episode arrays, steps whose observation the table held before)."""
+    seen = sum(1 for episode in digests for digest in episode if digest in table.counts)
+    for episode_returns, episode_digests in zip(returns, digests, strict=True):
+        for digest, g in zip(episode_digests, episode_returns, strict=True):
+            table.add(digest, float(g))
+    out = [
+        np.array([g - table.value(d) for d, g in zip(ds, rs, strict=True)], dtype=np.float64)
+        for rs, ds in zip(returns, digests, strict=True)
+    ]
+    return out, seen
+
+
+def _digests_of(episodes: Sequence[Episode], kind: str) -> list[Sequence[Hashable]]:
+    digests = []
+    for episode in episodes:
+        if episode.digests is None or len(episode.digests) != len(episode.rewards):
+            raise ValueError(f"{kind} needs one observation digest per step of every episode")
+        digests.append(episode.digests)
+    return digests
+
+
+def estimate(
+    episodes: Sequence[Episode], settings: AdvantageSettings, table: StateTable | None = None
+) -> Estimate:
+    """Per-step advantages (and value targets with a critic) of `episodes`, unstandardised.
+    `state_table` reads and updates `table`."""
     kind, gamma = settings.estimator, settings.gamma
     if kind not in CRITIC_FREE:  # gae
         pairs = []
@@ -160,6 +219,11 @@ def estimate(episodes: Sequence[Episode], settings: AdvantageSettings) -> Estima
     returns = [returns_to_go(e.rewards, gamma) for e in episodes]
     if kind == "reinforce":
         return Estimate(returns, None)
+    if kind == "state_table":
+        if table is None:
+            raise ValueError("state_table needs its StateTable")
+        advantages, seen = table_advantages(returns, _digests_of(episodes, kind), table)
+        return Estimate(advantages, None, anchor_steps=seen)
     # Episode level: the undiscounted return, against the episode's group.
     scores = np.array([float(np.sum(e.rewards)) for e in episodes], dtype=np.float64)
     groups = [e.group for e in episodes]
@@ -173,12 +237,7 @@ def estimate(episodes: Sequence[Episode], settings: AdvantageSettings) -> Estima
     if kind in ("rloo", "grpo"):
         return Estimate(advantages, None, fallback_episodes=fallback)
     # gigpo: plus the step advantage over anchor states.
-    digests = []
-    for episode in episodes:
-        if episode.digests is None or len(episode.digests) != len(episode.rewards):
-            raise ValueError("gigpo needs one observation digest per step of every episode")
-        digests.append(episode.digests)
-    steps, anchored = anchor_step_advantages(returns, digests, groups)
+    steps, anchored = anchor_step_advantages(returns, _digests_of(episodes, kind), groups)
     weight = settings.step_advantage_weight
     combined = [a + weight * s for a, s in zip(advantages, steps, strict=True)]
     return Estimate(combined, None, fallback_episodes=fallback, anchor_steps=anchored)

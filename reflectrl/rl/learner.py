@@ -42,6 +42,8 @@ from reflectrl.rollout.progress_board import board_reporter, take_learner_name
 MEAN_STATS = (POLICY_LOSS_KEY, VF_LOSS_KEY, LEARNER_RESULTS_VF_LOSS_UNCLIPPED_KEY, ENTROPY_KEY)
 CRITIC_STATS = (VF_LOSS_KEY, LEARNER_RESULTS_VF_LOSS_UNCLIPPED_KEY)
 REPLAY_NLL = "success_replay_nll"  # mean -log pi(a|s) over the replayed rows
+# The learner checkpoint state's key for state_table's table (rl/advantage_connector.py).
+STATE_TABLE = "advantage_state_table"
 
 
 class AdvantageConfig(TypedDict):
@@ -64,6 +66,7 @@ def advantage_config(rl: RLStage) -> AdvantageConfig:
 
 class ReflectRLPPOLearner(PPOTorchLearner):
     _report: Callable[[str, int], None] | None = None
+    _advantages: AdvantageEstimation | None = None  # set in build
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -82,18 +85,35 @@ class ReflectRLPPOLearner(PPOTorchLearner):
             return
         settings: AdvantageConfig = self.config.learner_config_dict["advantage"]
         self._learner_connector.remove("GeneralAdvantageEstimation")
-        self._learner_connector.append(
-            AdvantageEstimation(
-                settings=AdvantageSettings(
-                    estimator=settings["estimator"],
-                    gamma=self.config.gamma,
-                    lambda_=self.config.lambda_,
-                    step_advantage_weight=settings["step_advantage_weight"],
-                    scale_by_std=settings["scale_by_std"],
-                ),
-                normalise=settings["normalise"],
-            )
+        self._advantages = AdvantageEstimation(
+            settings=AdvantageSettings(
+                estimator=settings["estimator"],
+                gamma=self.config.gamma,
+                lambda_=self.config.lambda_,
+                step_advantage_weight=settings["step_advantage_weight"],
+                scale_by_std=settings["scale_by_std"],
+            ),
+            normalise=settings["normalise"],
         )
+        self._learner_connector.append(self._advantages)
+
+    def get_state(
+        self, components: Any = None, *, not_components: Any = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        """RLlib's learner state, plus state_table's table (a checkpoint pickles it with the
+        optimizer state; a weight sync, asking for the module only, leaves it out)."""
+        state = super().get_state(components, not_components=not_components, **kwargs)
+        table = self._advantages is not None and self._advantages.settings.estimator
+        if table == "state_table" and self._check_component(
+            STATE_TABLE, components, not_components
+        ):
+            state[STATE_TABLE] = self._advantages.table.state()
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        if STATE_TABLE in state and self._advantages is not None:
+            self._advantages.table.load(state[STATE_TABLE])
 
     def update(self, *args: Any, **kwargs: Any) -> Any:
         """RLlib's update, telling the run's heartbeat that learning started (and how many
