@@ -128,6 +128,7 @@ def test_gigpo_without_a_critic_learns_pickup_from_a_handful_of_starts(tmp_path:
     assert max(r["success_rate"] for r in rows[-3:]) > rows[0]["success_rate"] + 0.3
     assert all(r["vf_loss"] is None and r["vf_explained_var"] is None for r in rows)
     assert all(r["advantage_raw_std"] > 0 for r in rows)
+    assert any(r["advantage_anchor_steps"] > 0 for r in rows)  # starts repeat: prompts do
 
 
 def test_sft_beats_the_untrained_policy_on_held_out_starts(

@@ -9,7 +9,7 @@ from typing import Any, TypedDict
 
 from ray.rllib.core import DEFAULT_MODULE_ID
 
-from reflectrl.rl.advantage_connector import FALLBACK_EPISODES, RAW_MEAN, RAW_STD
+from reflectrl.rl.advantage_connector import ANCHOR_STEPS, FALLBACK_EPISODES, RAW_MEAN, RAW_STD
 from reflectrl.rl.coordinator import CoordinatorReport
 from reflectrl.rl.learner import REPLAY_NLL
 
@@ -64,6 +64,9 @@ class IterationRow(HeldOutFigures):
     advantage_raw_std: float | None
     # Episodes alone in their group, compared with the whole batch instead (rloo/grpo/gigpo).
     advantage_batch_baseline_episodes: int | None
+    # gigpo: steps sharing their prompt with another step of the batch; state_table: steps whose
+    # prompt the table had seen before.
+    advantage_anchor_steps: int | None
     # rl.success_replay: episodes in the buffer, and the replayed steps' mean -log pi(a|s).
     success_replay_episodes: int
     success_replay_nll: float | None
@@ -138,6 +141,7 @@ class IterationRows:
             advantage_raw_mean=_scalar(learner.get(RAW_MEAN)),
             advantage_raw_std=_scalar(learner.get(RAW_STD)),
             advantage_batch_baseline_episodes=_count(learner.get(FALLBACK_EPISODES)),
+            advantage_anchor_steps=_count(learner.get(ANCHOR_STEPS)),
             success_replay_episodes=replay_episodes,
             # RLlib reports NaN for a stat an update did not log (no replayed rows this time).
             success_replay_nll=_finite(learner.get(REPLAY_NLL)),

@@ -49,6 +49,7 @@ from reflectrl.rl.rl_module import (
 )
 from reflectrl.rl.success_replay import SuccessReplay
 from reflectrl.rollout.env_creator import env_config_for, make_vector_env
+from reflectrl.rollout.episode_runner import WholeEpisodeEnvRunner
 from reflectrl.seeding import capture_streams, restore_streams
 
 ENV_ID = "reflectrl_vector_env"
@@ -291,6 +292,8 @@ def build_ppo_config(
             num_env_runners=workers,
             num_envs_per_env_runner=config.env.envs_per_worker,
             gym_env_vectorize_mode="vector_entry_point",
+            # Whole episodes without favouring short ones (complete_episodes).
+            env_runner_cls=WholeEpisodeEnvRunner,
             # The driver holds the learner's copy of the LM; no second one for sampling.
             create_local_env_runner=False,
             # Explicit: "auto" is batch / (workers x envs), 1-2 steps per env with many workers,

@@ -101,6 +101,10 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         self.record_observations = False
         self._observed: list[list[str]] = [[] for _ in range(num_envs)]
         self.finished: list[EpisodeRecord] = []
+        # Whether episodes that begin now are recorded in `finished` (the rollout worker keeps
+        # no episode that begins after its cut: rollout/episode_runner.py).
+        self.recording = True
+        self._recording = [True] * num_envs  # each env's running episode began while recording
         self.counters = zero_counts()  # since the last `pop_stats`
         # Seconds spent since the last `pop_stats`, reported as these counters (in ms).
         self._seconds = {"env_ms": 0.0, "reflection_ms": 0.0, "policy_ms": 0.0}
@@ -335,6 +339,7 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         return {"seed": seed, "options": {"start": self._starts[i]} if self._starts[i] else None}
 
     def _begin_tally(self, i: int) -> None:
+        self._recording[i] = self.recording
         self._returns[i] = 0.0
         self._lengths[i] = 0
         self._observed[i] = []
@@ -363,6 +368,8 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
                 self._start_queues[i].insert(0, pending.start)
 
     def _record_episode(self, i: int, success: bool, step_limit: bool) -> None:
+        if not self._recording[i]:
+            return
         self.finished.append(
             EpisodeRecord(
                 stage=self.envs[i].episode_stage,

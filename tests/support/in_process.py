@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ray.rllib.core import DEFAULT_MODULE_ID
-from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 
 from reflectrl.config import ReflectRLConfig
 from reflectrl.preflight import preflight
 from reflectrl.reflection.endpoint import ReflectionEndpoint
 from reflectrl.rl.ppo import build_ppo_config
+from reflectrl.rollout.episode_runner import WholeEpisodeEnvRunner
 
 # Short Taxi episodes without reflections, so that one round of 3 envs x 12 steps holds
 # terminated, env-truncated and cut chunks.
@@ -35,7 +35,7 @@ SHORT_EPISODES = [
 @dataclass
 class InProcess:
     config: ReflectRLConfig
-    runner: SingleAgentEnvRunner
+    runner: WholeEpisodeEnvRunner
     learner: Any
     ppo_config: Any
 
@@ -54,7 +54,8 @@ class InProcess:
         if self.config.ppo.batch_mode == "truncate_episodes":
             return self.runner.sample(num_timesteps=steps, explore=True)
         # Whole episodes, as `synchronous_parallel_sample` collects them: a runner's call
-        # returns one episode per env; calls repeat until the batch has `steps` env steps.
+        # returns the episodes that began within its cut (rollout/episode_runner.py); calls
+        # repeat until the batch has `steps` env steps.
         episodes: list[Any] = []
         while sum(len(e) for e in episodes) < steps:
             episodes += self.runner.sample(explore=True)
@@ -124,7 +125,7 @@ def build_in_process(
         learner_class=learner_class,
         policy_overrides=policy_overrides,
     )
-    runner = SingleAgentEnvRunner(config=ppo_config, worker_index=1)
+    runner = WholeEpisodeEnvRunner(config=ppo_config, worker_index=1)
     learner = build_learner(ppo_config, runner.env)
     result = InProcess(config=config, runner=runner, learner=learner, ppo_config=ppo_config)
     result.sync_weights()
