@@ -58,7 +58,8 @@ def add_launch_command(sub: Any) -> None:
         description="Run the configured stages in one run directory: data (expert episodes "
         "with negative examples) -> sft (reflection model, then policy) -> rl (PPO + LoRA on "
         "rollout workers that ask the reflection server at every step) -> eval (held-out "
-        "success). sft.enabled / rl.enabled / eval.enabled switch stages off; --resume skips "
+        "success). sft.enabled / rl.enabled / eval.enabled switch stages off (sft.policy=false: "
+        "RL only, the reflection still trained); --resume skips "
         "finished stages and continues the unfinished one.",
     )
     launch.add_argument("--workers", type=int, default=2, help="rollout workers (default 2)")

@@ -292,6 +292,9 @@ class SFTSettings(Strict):
 
     # The pipeline's data and sft stages (`reflectrl launch`); false: RL from scratch.
     enabled: bool = True
+    # false: only the reflection model trains here; the policy starts RL from its base model
+    # (the paper's "RL only" column: RL from scratch, with a trained reflection).
+    policy: bool = True
 
     # lora: a peft adapter over the frozen model; full: every weight (for small models trained
     # from scratch, where a LoRA over random weights cannot learn much).
@@ -396,6 +399,12 @@ class ReflectRLConfig(Strict):
                 f"rl.advantage={self.rl.advantage} scores whole episodes, but "
                 f"ppo.batch_mode={self.ppo.batch_mode} cuts them; set "
                 "ppo.batch_mode=complete_episodes (or rl.advantage=gae)"
+            )
+        local_reflection = self.reflection.enabled and self.reflection.server == "local"
+        if self.sft.enabled and not self.sft.policy and not local_reflection:
+            raise ValueError(
+                "sft.policy=false leaves the sft stage nothing to train (the reflection is off "
+                "or served from a url); set sft.enabled=false for RL from scratch"
             )
         if self.rl.advantage == "state_table" and self.run.num_learners > 1:
             raise ValueError(

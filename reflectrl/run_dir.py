@@ -75,9 +75,11 @@ def stages_to_run(config: ReflectRLConfig, run_dir: Path, stages: list[str]) -> 
 
 def sft_players(config: ReflectRLConfig) -> list[str]:
     """The players the sft stage trains: the reflection model only when RL serves it locally
-    (a `reflection.server: url` model is the user's to train and name)."""
+    (a `reflection.server: url` model is the user's to train and name), the policy unless
+    `sft.policy` is off (RL only)."""
     r = config.reflection
-    return (["reflection"] if r.enabled and r.server == "local" else []) + ["policy"]
+    reflection = ["reflection"] if r.enabled and r.server == "local" else []
+    return reflection + (["policy"] if config.sft.policy else [])
 
 
 def rl_config(config: ReflectRLConfig, run_dir: Path) -> ReflectRLConfig:
@@ -86,14 +88,16 @@ def rl_config(config: ReflectRLConfig, run_dir: Path) -> ReflectRLConfig:
         return config
     derived = config.model_copy(deep=True)
     sft = run_dir / SFT_DIR
-    serve_reflection = "reflection" in sft_players(config)
+    trained = sft_players(config)
     if config.sft.method == "lora":
-        derived.policy.init_adapter = str(sft / "policy")
-        if serve_reflection:
+        if "policy" in trained:
+            derived.policy.init_adapter = str(sft / "policy")
+        if "reflection" in trained:
             derived.reflection.adapter = str(sft / "reflection")
     else:  # full: the SFT'd models are the base models (RL puts a fresh LoRA on the policy)
-        derived.policy.model = str(sft / "policy")
-        if serve_reflection:
+        if "policy" in trained:
+            derived.policy.model = str(sft / "policy")
+        if "reflection" in trained:
             derived.reflection.model = str(sft / "reflection")
     return derived
 
@@ -101,8 +105,8 @@ def rl_config(config: ReflectRLConfig, run_dir: Path) -> ReflectRLConfig:
 @dataclass(frozen=True)
 class FinalPolicy:
     """Where a finished run's policy is: the latest checkpoint's adapter (after RL), the SFT
-    adapter (SFT only, LoRA), or the base model itself (SFT only, full: `path` is None, the
-    run's derived config names the model)."""
+    adapter (SFT only, LoRA), or the base model itself (SFT only, full, or a policy the sft
+    stage left untrained: `path` is None, the run's derived config names the model)."""
 
     kind: Literal["checkpoint_adapter", "sft_adapter", "model"]
     path: Path | None
@@ -120,6 +124,6 @@ def final_policy(run_dir: Path, config: ReflectRLConfig) -> FinalPolicy:
         checkpoint = latest_checkpoint(run_dir)
         assert checkpoint is not None  # the rl stage ends with a checkpoint
         return FinalPolicy("checkpoint_adapter", checkpoint / "adapter")
-    if config.sft.method == "lora":
+    if config.sft.method == "lora" and config.sft.policy:
         return FinalPolicy("sft_adapter", run_dir / SFT_DIR / "policy")
     return FinalPolicy("model", None)

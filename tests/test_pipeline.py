@@ -58,6 +58,19 @@ def test_rl_starts_from_this_runs_sft_outputs(tmp_path: Path) -> None:
     assert sft_players(load_config(None, ["reflection.enabled=false"])) == ["policy"]
 
 
+def test_rl_only_trains_the_reflection_and_starts_the_policy_from_its_base(tmp_path: Path) -> None:
+    for method in ("lora", "full"):
+        config = load_config(None, ["sft.policy=false", f"sft.method={method}"])
+        assert sft_players(config) == ["reflection"]
+        derived = rl_config(config, tmp_path)
+        assert derived.policy.model == "smollm2" and derived.policy.init_adapter is None
+        trained = derived.reflection.adapter or derived.reflection.model
+        assert trained == str(tmp_path / "sft" / "reflection")
+    # Nothing left to train: the error says what to set.
+    with pytest.raises(ConfigError, match=r"sft\.policy=false leaves the sft stage nothing"):
+        load_config(None, ["sft.policy=false", "reflection.enabled=false"])
+
+
 def test_the_final_policy_of_a_run(tmp_path: Path) -> None:
     sft_only = load_config(None, ["rl.enabled=false"])
     with pytest.raises(ConfigError, match="no finished policy \\(stage sft has not finished\\)"):
@@ -68,3 +81,6 @@ def test_the_final_policy_of_a_run(tmp_path: Path) -> None:
     assert config.reflection.adapter == str(tmp_path / "sft" / "reflection")
     with pytest.raises(ConfigError, match="stage rl has not finished"):
         run_policy(tmp_path, load_config())
+    # An untrained policy is its base model, whatever the sft method.
+    _, untrained = run_policy(tmp_path, load_config(None, ["rl.enabled=false", "sft.policy=false"]))
+    assert untrained.sft_adapter is None
