@@ -126,6 +126,7 @@ class Prompts:
             cache.write_text(json.dumps(known))
         self.rows: list[list[int]] = []
         self.oracle: list[list[float]] = []  # A(s, a) of each prompt's state and action
+        self.reflections: list[str] = [known[text] for text in texts]
         for i, (pickup, state) in enumerate(self.keys):
             (obs, level), text = observations[i], texts[i]
             env = envs["pickup" if pickup else "full"]
