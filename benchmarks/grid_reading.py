@@ -9,7 +9,8 @@ cannot be taught it by a few successes per PPO iteration (benchmarks/random_expl
 
 Trunks: `recipe` is the CPU recipe's model (`scratch:dangerous_taxi`: a 2 x 128 Llama, RoPE);
 `gpt2` has the same size with learned absolute positions (the paper's family); `llama_4x256`
-is wider and deeper.
+is wider and deeper; `gpt2_cells` is `scratch:dangerous_taxi:gpt2_cells`, the GPT-2 over a
+tokenizer that keeps every grid cell one token.
 
     python -m benchmarks.grid_reading [--steps 1000] [--every 200] [--trunk recipe ...]
         [--set env.options.coordinates=true] [--name FILE]
@@ -26,7 +27,9 @@ from typing import Any
 from benchmarks.common import build_trunk, print_table, write_results
 
 REPO = Path(__file__).resolve().parents[1]
-TRUNKS = ("recipe", "gpt2", "llama_4x256")
+TRUNKS = ("recipe", "gpt2", "llama_4x256", "gpt2_cells")
+# Trunks built as a scratch model of their own (their own tokenizer), not over the recipe's.
+OWN_MODEL = {"gpt2_cells": "scratch:dangerous_taxi:gpt2_cells"}
 
 
 def pickup_rows(tokenizer: Any, split: str, overrides: list[str]) -> tuple[Any, Any, Any]:
@@ -61,12 +64,12 @@ def learning_curve(name: str, steps: int, every: int, overrides: list[str]) -> d
     from reflectrl.data.model_dirs import resolve_model
     from reflectrl.models.loading import load_tokenizer
 
-    model_dir = resolve_model("scratch:dangerous_taxi")
+    model_dir = resolve_model(OWN_MODEL.get(name, "scratch:dangerous_taxi"))
     tokenizer = load_tokenizer(model_dir)
     x_train, last_train, y_train = pickup_rows(tokenizer, "train", overrides)
     x_test, last_test, y_test = pickup_rows(tokenizer, "test", overrides)
     pad = tokenizer.pad_token_id
-    trunk = build_trunk(name, model_dir, len(tokenizer), positions=512)
+    trunk = build_trunk("recipe" if name in OWN_MODEL else name, model_dir, len(tokenizer), 512)
     torch.manual_seed(0)
     head = torch.nn.Linear(trunk.config.hidden_size, 6)  # GPT2Config maps it to n_embd
     optimizer = torch.optim.Adam([*trunk.parameters(), *head.parameters()], lr=1e-3)

@@ -245,6 +245,24 @@ def test_scratch_gpt2_shares_the_tokenizer_and_lora_targets_are_checked(scratch_
         resolve_model("scratch:dangerous_taxi:mamba", scratch_dir.parent.parent)
 
 
+def test_cells_tokenizer_keeps_every_grid_cell_one_token() -> None:
+    """`scratch:<env>:gpt2_cells`: with merges, `.|.` or ` D` are single tokens and a cell's
+    position shifts with its neighbours; the cells tokenizer gives each character of a grid row
+    its own token (the same count whatever the cells hold) and still round-trips text."""
+    from reflectrl.data.scratch import train_tokenizer
+
+    rows = ["|T .|. . D|\n", "|. .|T . .|\n", "|X .|P . .|\n"]
+    corpus = ['You drive a taxi. Next: "go west".', *rows] * 50
+    merged = train_tokenizer(iter(corpus), vocab_size=300)
+    cells = train_tokenizer(iter(corpus), vocab_size=300, cells=True)
+    assert len({len(merged(row).input_ids) for row in rows}) > 1  # what the option is for
+    for row in rows:
+        ids = cells(row).input_ids
+        assert [cells.decode([i]) for i in ids] == list(row)
+    text = 'You drive a taxi. Next: "go west". 12'
+    assert cells.decode(cells(text).input_ids) == text
+
+
 def test_scratch_model_for_auto_explore_keeps_its_40_labels_whole(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:

@@ -1,6 +1,7 @@
 """A from-scratch model for one env: a byte-level BPE tokenizer trained on the env's own text,
 and a small random-init Llama over that vocabulary (`policy.model: scratch:<env>`), or a
-GPT-2 of the same size (`scratch:<env>:gpt2`, the paper's family).
+GPT-2 of the same size (`scratch:<env>:gpt2`, the paper's family; `scratch:<env>:gpt2_cells`
+over a tokenizer that keeps every grid cell one token).
 
 Why GPT-2 too: its learned absolute positions let two layers read a grid cell by where it sits
 in the prompt. Told the answer, the Llama trunk (rotary positions) predicts 0.57 of Taxi's
@@ -26,7 +27,9 @@ import numpy as np
 
 SCRATCH_PREFIX = "scratch:"
 SCRATCH_RECIPE = "scratch-llama-v1"
-ARCHITECTURES = ("llama", "gpt2")
+# gpt2_cells: the GPT-2 over a tokenizer that gives every space and punctuation mark its own
+# token, so each cell of a text grid is one token at a fixed position.
+ARCHITECTURES = ("llama", "gpt2", "gpt2_cells")
 VOCAB_SIZE = 512
 CORPUS_SEED = 1234
 SPECIALS = ("<|endoftext|>", "<|pad|>")
@@ -84,14 +87,19 @@ def corpus(
             yield step.reflection_prompt + step.reflection
 
 
-def train_tokenizer(texts: Iterator[str], vocab_size: int = VOCAB_SIZE) -> Any:
-    """A GPT-2-style byte-level BPE (digits split one by one, so labels stay single tokens)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def train_tokenizer(texts: Iterator[str], vocab_size: int = VOCAB_SIZE, cells: bool = False) -> Any:
+    """A GPT-2-style byte-level BPE (digits split one by one, so labels stay single tokens).
+    `cells`: spaces and punctuation marks are never merged with anything, so a grid row such as
+    `|T .|. . D|` is one token per character whatever the cells hold (with merges, `.|.` and
+    ` D` are single tokens, and a cell's position in the prompt shifts with its neighbours)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
+    split = [pre_tokenizers.Split(Regex(r"[^\w]"), behavior="isolated")] if cells else []
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
+            *split,
             pre_tokenizers.Digits(individual_digits=True),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
         ]
@@ -117,4 +125,5 @@ def build(out: Path, env_name: str, arch: str, cache: Path, count_tokenizer: Any
     from reflectrl.models.loading import save_random_gpt2, save_random_llama
 
     save = save_random_llama if arch == "llama" else save_random_gpt2
-    save(train_tokenizer(corpus(env_name, cache, count_tokenizer)), out)
+    texts = corpus(env_name, cache, count_tokenizer)
+    save(train_tokenizer(texts, cells=arch == "gpt2_cells"), out)
