@@ -11,8 +11,8 @@ import torch
 
 from benchmarks.hint_dependence import hint_dependence
 
-SOUTH, NORTH = 0, 1
-# Shortest-path actions get 0 (oracle_advantages' A(s, a)), the others < 0.
+# ACTIONS[0] is "go south", ACTIONS[1] "go north". Shortest-path actions get 0
+# (oracle_advantages' A(s, a)), the others < 0.
 RIGHT_SOUTH = [0.0, -2.0, -2.0, -2.0, -3.0, -3.0]
 WRONG_SOUTH = [-2.0, 0.0, -2.0, -2.0, -3.0, -3.0]
 
