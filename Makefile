@@ -62,7 +62,7 @@ smoke: install
 TEST_PROCESSES ?= 2
 
 test: install
-	$(BIN)/python -m pytest -q -ra -n $(TEST_PROCESSES) --dist loadgroup $(ARGS)
+	$(BIN)/python -m pytest -q -ra --durations=15 -n $(TEST_PROCESSES) --dist loadgroup $(ARGS)
 
 lint: install
 	$(BIN)/ruff check reflectrl tests benchmarks

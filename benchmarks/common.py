@@ -70,3 +70,40 @@ def build_trunk(name: str, model_dir: Path, vocab: int, positions: int = 1024) -
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         return AutoModelForCausalLM.from_config(config)
+
+
+def add_head_arguments(parser: Any) -> None:
+    """`--head` and `--text-loss`, for the benchmarks that train a trunk to pick from a menu."""
+    parser.add_argument("--head", choices=("label", "text"), default="label",
+                        help="label: one logit per menu label (the paper's); text: each action "
+                        "scored by its own tokens' log-probability, per token")  # fmt: skip
+    parser.add_argument("--text-loss", choices=("tokens", "choice"), default="tokens",
+                        help="with --head text: tokens = the taught action's negative "
+                        "log-likelihood (SFT's loss); choice = cross-entropy over the "
+                        "menu")  # fmt: skip
+
+
+# The text head reads at most this many tokens of an action (EOS included).
+TEXT_TOKENS = 24
+
+
+def text_head_scores(
+    model: Any, tokenizer: Any, prompts: list[list[int]], menus: list[list[str]]
+) -> tuple[Any, Any]:
+    """The text head (reflectrl/models/action_text.py) over token-id prompts: each menu action
+    scored by the log-probability of its own tokens, per token ([B, longest menu], short menus
+    masked); and each action's summed log-probability (SFT's loss is the taught one's)."""
+    import torch
+
+    from reflectrl.models.action_text import action_log_probs, action_scores
+    from reflectrl.text.tokens import encode_action_texts
+
+    pad = tokenizer.pad_token_id
+    x = torch.full((len(prompts), max(map(len, prompts))), pad)
+    for i, row in enumerate(prompts):
+        x[i, : len(row)] = torch.tensor(row)
+    encoded = encode_action_texts(tokenizer, menus, max(map(len, menus)), TEXT_TOKENS)
+    actions, mask, words = (torch.as_tensor(a) for a in encoded)
+    log_probs, _ = action_log_probs(model.base_model, model.get_output_embeddings(), x,
+                                    (x != pad).long(), actions, mask)  # fmt: skip
+    return action_scores(log_probs, mask, words, mask[:, :, 0], "token"), log_probs

@@ -36,7 +36,12 @@ has one; the curve records the drill loss beside what ruling out the lines alrea
 
     python -m benchmarks.menu_lookup --data DIR --model MODEL_DIR [--task label --task command]
         [--layers 2 --layers 4] [--steps 2000] [--every 250] [--grow] [--pretrained]
-        [--match-loss 1] [--pretrain 2000]
+        [--match-loss 1] [--pretrain 2000] [--head text [--text-loss choice]]
+
+With `--head text`, the trunk scores each command by the log-probability of its own tokens
+after the row (reflectrl/models/action_text.py), per token, and trains on the taught command's
+negative log-likelihood (`--text-loss tokens`, SFT's loss) or on the cross-entropy over the
+menu (`choice`). `--match-loss` reads the label head only.
 """
 
 from __future__ import annotations
@@ -51,7 +56,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import build_trunk, print_table, write_results
+from benchmarks.common import (
+    add_head_arguments,
+    build_trunk,
+    print_table,
+    text_head_scores,
+    write_results,
+)
 from reflectrl.text.prompts import ACTION_MARKER, MENU_HEADER, render_menu
 
 LABELS = "123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -78,13 +89,13 @@ def single_token_words(tokenizer: Any, count: int = 500) -> list[str]:
 
 def lookup_row(
     task: str, commands: list[str], draw: random.Random, longest: int = 12
-) -> tuple[str, int, int]:
-    """(text, menu length, taught label's index) of one synthetic row."""
+) -> tuple[str, list[str], int]:
+    """(text, the menu's commands, taught line's index) of one synthetic row."""
     menu = draw.sample(commands, draw.randint(min(3, longest), longest))
     taught = draw.randrange(len(menu))
     named = LABELS[taught] if task == "label" else menu[taught]
     text = f"Next: {named}{MENU_HEADER}{render_menu(menu, LABELS, range(len(menu)))}"
-    return text + ACTION_MARKER, len(menu), taught
+    return text + ACTION_MARKER, menu, taught
 
 
 def line_ends(tokenizer: Any, text: str) -> list[int]:
@@ -149,9 +160,19 @@ def label_scores(
     hidden = model.base_model(input_ids=x, attention_mask=(x != pad).long()).last_hidden_state
     last = torch.tensor([len(row) - 1 for row in ids])
     scores = model.lm_head(hidden[torch.arange(len(ids)), last])[:, label_ids]
-    menus = torch.tensor([menu for _, menu, _ in rows])
+    menus = torch.tensor([len(menu) for _, menu, _ in rows])
     scores = scores.masked_fill(torch.arange(len(label_ids))[None] >= menus[:, None], -1e9)
     return (scores, hidden) if with_hidden else scores
+
+
+def text_scores(model: Any, tokenizer: Any, rows: list[Any]) -> tuple[Any, Any]:
+    """The text head's scores over each row's menu (padded to 12) and summed log-probs."""
+    import torch
+
+    prompts = [tokenizer.encode(text, add_special_tokens=False) for text, _, _ in rows]
+    scores, log_probs = text_head_scores(model, tokenizer, prompts, [m for _, m, _ in rows])
+    fill = 12 - scores.shape[1]  # every row's scores as wide as the longest menu can be
+    return torch.nn.functional.pad(scores, (0, fill), value=-1e9), log_probs
 
 
 def match_loss(model: Any, tokenizer: Any, rows: list[Any], hidden: Any, label_ids: Any) -> Any:
@@ -187,9 +208,22 @@ def learning_curve(task: str, layers: int, args: argparse.Namespace) -> dict[str
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     draw, curve, started = random.Random(0), [], time.perf_counter()
 
+    def scores_and_loss(rows: list[Any]) -> tuple[Any, Any, Any]:
+        """The head's scores over each row's menu, the loss it trains on, and (label head)
+        the hidden states."""
+        answers = torch.tensor([t for _, _, t in rows])
+        if args.head == "text":
+            scores, log_probs = text_scores(model, tokenizer, rows)
+            if args.text_loss == "tokens":  # SFT's: the taught command's own tokens
+                return scores, -log_probs[torch.arange(len(rows)), answers].mean(), None
+            return scores, torch.nn.functional.cross_entropy(scores, answers), None
+        scores, hidden = label_scores(model, tokenizer, rows, label_ids, with_hidden=True)
+        return scores, torch.nn.functional.cross_entropy(scores, answers), hidden
+
     def held_out_score() -> float:
         with torch.no_grad():
-            picks = label_scores(model, tokenizer, held_out, label_ids).argmax(-1)
+            picks = torch.cat([scores_and_loss(held_out[i : i + 64])[0].argmax(-1)
+                               for i in range(0, HELD_OUT, 64)])  # fmt: skip
         return float((picks == taught).float().mean())
 
     # --pretrain: drill rows first (menu, then every line asked for), a target per line.
@@ -214,9 +248,8 @@ def learning_curve(task: str, layers: int, args: argparse.Namespace) -> dict[str
     longest, recent = (2 if args.grow else 12), []
     for step in range(1, args.steps + 1):
         rows = [lookup_row(task, commands, draw, longest) for _ in range(BATCH)]
-        scores, hidden = label_scores(model, tokenizer, rows, label_ids, with_hidden=True)
+        scores, loss, hidden = scores_and_loss(rows)
         answers = torch.tensor([t for _, _, t in rows])
-        loss = torch.nn.functional.cross_entropy(scores, answers)
         total = loss
         if args.match_loss:
             total = loss + args.match_loss * match_loss(model, tokenizer, rows, hidden, label_ids)
@@ -236,6 +269,8 @@ def learning_curve(task: str, layers: int, args: argparse.Namespace) -> dict[str
                   file=sys.stderr)  # fmt: skip
     return {
         "task": task,
+        "head": args.head,
+        "text_loss": args.text_loss if args.head == "text" else None,
         "layers": layers,
         "pretrained": args.pretrained,
         "grow": args.grow,
@@ -246,7 +281,7 @@ def learning_curve(task: str, layers: int, args: argparse.Namespace) -> dict[str
         "drill_elimination_loss": sum(math.lgamma(n + 1) / n for n in range(3, 13)) / 10,
         "vocab": len(tokenizer),
         "commands": len(commands),
-        "chance": sum(1 / menu for _, menu, _ in held_out) / HELD_OUT,
+        "chance": sum(1 / len(menu) for _, menu, _ in held_out) / HELD_OUT,
         "final_held_out": curve[-1]["held_out"],
         "best_held_out": max(p["held_out"] for p in curve),
         "seconds": curve[-1]["train_s"],
@@ -275,15 +310,19 @@ def main() -> None:
         "--pretrain", type=int, default=0,
         help="steps of drill rows (a menu, then every line asked for) before the task's",
     )  # fmt: skip
+    add_head_arguments(parser)
     parser.add_argument("--name", default="menu_lookup", help="results file name")
     args = parser.parse_args()
+    if args.head == "text" and args.match_loss:
+        parser.error("--match-loss reads the label head; leave it out with --head text")
     command = "python -m benchmarks.menu_lookup " + " ".join(sys.argv[1:])
     rows: list[dict[str, Any]] = []
     for task in args.task or ["label", "command"]:
         for layers in args.layers or [2]:  # written after each curve: a long grid keeps them
             rows.append(learning_curve(task, layers, args))
             path = write_results(args.name, {"command": command, "rows": rows})
-    columns = ["task", "layers", "vocab", "chance", "best_held_out", "final_held_out", "seconds"]
+    columns = ["task", "head", "layers", "vocab", "chance", "best_held_out", "final_held_out"]
+    columns.append("seconds")
     print_table(rows, columns)
     print(path)
 

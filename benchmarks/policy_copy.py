@@ -19,8 +19,11 @@ depth; `gpt2` is the recipe's size with learned absolute positions.
 (the trunk then also learns the env's text, as a pretrained LM would have; SFT itself trains
 the label only). Data made with `--set env.shuffle_options=true` takes away the label prior
 that the env's menu order gives; so does `--reorder-menus` (a fresh order at every draw).
-`--context reflection` leaves the observation out of every prompt; `--vocab N` puts the
-trunks over an N-id tokenizer trained on the data's train rows instead of the config's.
+`--head text` scores each action by its own tokens (reflectrl/models/action_text.py) and trains
+on the taught action's negative log-likelihood (`--text-loss tokens`, SFT's) or the menu
+cross-entropy (`choice`). `--context reflection` leaves the observation out of every prompt;
+`--vocab N` puts the trunks over an N-id tokenizer trained on the data's train rows instead of
+the config's.
 """
 
 from __future__ import annotations
@@ -34,7 +37,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import build_trunk, print_table, write_results
+from benchmarks.common import (
+    add_head_arguments,
+    build_trunk,
+    print_table,
+    text_head_scores,
+    write_results,
+)
 from reflectrl.text.prompts import ACTION_MARKER, ANALYZE_MARKER, MENU_HEADER, render_menu
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,11 +68,17 @@ def without_observation(prompt: str) -> str:
     return task + ANALYZE_MARKER + prompt.split(ANALYZE_MARKER, 1)[1]
 
 
+def menu_actions(prompt: str) -> list[str]:
+    """The action texts of the prompt's menu, in menu order."""
+    menu = prompt.rsplit(MENU_HEADER, 1)[1].removesuffix(ACTION_MARKER)
+    return [line.split(". ", 1)[1] for line in menu.split("\n")]
+
+
 def reorder_menu(prompt: str, taught: int, labels: str, draw: random.Random) -> tuple[str, int]:
     """The prompt with its menu's actions in a random order (labels stay in order), and the
     label the taught action now has: the menu order then tells nothing about the answer."""
-    head, menu = prompt.rsplit(MENU_HEADER, 1)
-    actions = [line.split(". ", 1)[1] for line in menu.removesuffix(ACTION_MARKER).split("\n")]
+    head = prompt.rsplit(MENU_HEADER, 1)[0]
+    actions = menu_actions(prompt)
     order = list(range(len(actions)))
     draw.shuffle(order)
     menu = render_menu(actions, labels, order)
@@ -90,12 +105,14 @@ def policy_rows(
 def encoded(
     rows: list[tuple[str, int, int]], tokenizer: Any, labels: str, draw: random.Random | None
 ) -> list[tuple[list[int], int, int]]:
-    """Rows as token ids; with `draw`, each menu reordered first."""
+    """Rows as (token ids, the menu's actions, taught index); with `draw`, each menu reordered
+    first."""
     out = []
-    for prompt, menu, taught in rows:
+    for prompt, _, taught in rows:
         if draw is not None:
             prompt, taught = reorder_menu(prompt, taught, labels, draw)
-        out.append((tokenizer.encode(prompt, add_special_tokens=False), menu, taught))
+        ids = tokenizer.encode(prompt, add_special_tokens=False)
+        out.append((ids, menu_actions(prompt), taught))
     return out
 
 
@@ -118,7 +135,7 @@ def batch_logits(
     else:  # the LM head at the last positions only: a 49k-id head over every position is GBs
         hidden = trunk.base_model(input_ids=x, attention_mask=mask).last_hidden_state
         scores = trunk.lm_head(hidden[torch.arange(len(rows)), last])[:, label_ids]
-    menus = torch.tensor([menu for _, menu, _ in rows])
+    menus = torch.tensor([len(menu) for _, menu, _ in rows])
     scores = scores.masked_fill(torch.arange(len(label_ids))[None] >= menus[:, None], -1e9)
     taught_labels = torch.tensor([t for _, _, t in rows])
     if not prompt_loss:
@@ -131,13 +148,28 @@ def batch_logits(
     )
 
 
-def accuracy(trunk: Any, rows: list[Any], label_ids: Any, pad: int) -> float:
+def text_logits(trunk: Any, rows: list[Any], tokenizer: Any) -> tuple[Any, Any, Any]:
+    """The text head's scores over each row's menu, the taught indices, and every action's
+    summed log-probability."""
+    import torch
+
+    prompts = [ids for ids, _, _ in rows]
+    scores, log_probs = text_head_scores(trunk, tokenizer, prompts, [m for _, m, _ in rows])
+    return scores, torch.tensor([t for _, _, t in rows]), log_probs
+
+
+def accuracy(trunk: Any, rows: list[Any], label_ids: Any, pad: int, tokenizer: Any = None) -> float:
+    """Held-out share of rows whose top-scored action is the taught one; with `tokenizer`, by
+    the text head, else by the label head."""
     import torch
 
     hits = 0
     with torch.no_grad():
         for i in range(0, len(rows), 64):
-            scores, taught, _ = batch_logits(trunk, rows[i : i + 64], label_ids, pad)
+            if tokenizer is not None:
+                scores, taught, _ = text_logits(trunk, rows[i : i + 64], tokenizer)
+            else:
+                scores, taught, _ = batch_logits(trunk, rows[i : i + 64], label_ids, pad)
             hits += int((scores.argmax(-1) == taught).sum())
     return hits / len(rows)
 
@@ -186,10 +218,17 @@ def learning_curve(name: str, args: argparse.Namespace) -> dict[str, Any]:
     for step in range(1, args.steps + 1):
         picks = torch.randint(len(train), (BATCH,), generator=draw).tolist()
         batch = encoded([train[i] for i in picks], tokenizer, labels, reorder)
-        scores, taught, prompt_loss = batch_logits(
-            trunk, batch, label_ids, pad, args.prompt_loss > 0
-        )
-        loss = torch.nn.functional.cross_entropy(scores, taught)
+        if args.head == "text":
+            scores, taught, log_probs = text_logits(trunk, batch, tokenizer)
+            prompt_loss = None
+        else:
+            scores, taught, prompt_loss = batch_logits(
+                trunk, batch, label_ids, pad, args.prompt_loss > 0
+            )
+        if args.head == "text" and args.text_loss == "tokens":  # SFT's: the taught action's tokens
+            loss = -log_probs[torch.arange(len(batch)), taught].mean()
+        else:
+            loss = torch.nn.functional.cross_entropy(scores, taught)
         if prompt_loss is not None:
             loss = loss + args.prompt_loss * prompt_loss
         optimizer.zero_grad()
@@ -197,12 +236,13 @@ def learning_curve(name: str, args: argparse.Namespace) -> dict[str, Any]:
         optimizer.step()
         if step % args.every == 0 or step == args.steps:
             point = {"step": step, "loss": round(float(loss.detach()), 4),
-                     "held_out": accuracy(trunk, held_out, label_ids, pad),
+                     "held_out": accuracy(trunk, held_out, label_ids, pad,
+                                          tokenizer if args.head == "text" else None),
                      "train_s": round(time.perf_counter() - started)}  # fmt: skip
             curve.append(point)
             print(f"{name}: step {step}, loss {point['loss']:.3f}, held-out "
                   f"{point['held_out']:.3f}, {point['train_s']} s", file=sys.stderr)  # fmt: skip
-    chance = sum(1 / menu for _, menu, _ in held_out) / len(held_out)
+    chance = sum(1 / len(menu) for _, menu, _ in held_out) / len(held_out)
     # The menu is in the env's order, so one label is taught far more often than the rest: a
     # trunk that answers it always scores this much without reading the reflection.
     taught = [t for _, _, t in train]
@@ -210,6 +250,8 @@ def learning_curve(name: str, args: argparse.Namespace) -> dict[str, Any]:
     majority_held_out = sum(t == majority for _, _, t in held_out) / len(held_out)
     return {
         "trunk": name,
+        "head": args.head,
+        "text_loss": args.text_loss if args.head == "text" else None,
         "reflection_quotes": not args.unquoted,
         "prompt_loss_weight": args.prompt_loss,
         "context": args.context,
@@ -249,6 +291,7 @@ def main() -> None:
     parser.add_argument("--reorder-menus", action="store_true",
                         help="reorder every menu at random (train: a fresh order each "
                         "draw; held out: one fixed order): the order tells nothing")  # fmt: skip
+    add_head_arguments(parser)
     parser.add_argument("--name", default="policy_copy", help="results file name")
     args = parser.parse_args()
     started = time.perf_counter()
@@ -263,6 +306,7 @@ def main() -> None:
         rows,
         [
             "trunk",
+            "head",
             "params",
             "chance",
             "majority_label",

@@ -57,6 +57,18 @@ class PolicyConfig(Strict):
     # trained from scratch, where 8k LoRA parameters leave the policy nearly where SFT put it).
     # Weight sync and checkpoints then carry the whole LM.
     rl_trainable: Literal["lora", "full"] = "lora"
+    # How the policy scores the menu. label: the LM's next-token logit of each menu label (the
+    # paper's single-prompt enumeration). text: the log-probability of each valid action's own
+    # text (" <action>" + EOS) after the prompt, divided by `text_normalisation` (TWOSOME,
+    # GLAM); following the reflection's hint is then a copy of its words. SFT trains the
+    # chosen action's text under text, its label under label.
+    action_head: Literal["label", "text"] = "label"
+    # text head: an action's score is its summed log-probability divided by its token count
+    # (token), its word count (word) or 1 (none).
+    text_normalisation: Literal["token", "word", "none"] = "token"
+    # text head: tokens of an action it reads, EOS included; longer actions are cut (two
+    # actions alike in their first `action_max_tokens` tokens then score alike).
+    action_max_tokens: int = Field(24, ge=2)
     # A peft LoRA adapter from `reflectrl sft` (OUT/policy) that PPO starts from; it must have
     # the shapes policy.lora makes. None: a fresh LoRA (RL from scratch).
     init_adapter: str | None = None

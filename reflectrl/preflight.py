@@ -49,6 +49,11 @@ def preflight(config: ReflectRLConfig) -> PolicySpec:
         )
     labels = config.policy.labels[:max_actions]
     label_ids = label_token_ids(tokenizer, labels, prompts.ACTION_MARKER)
+    if config.policy.action_head == "text" and tokenizer.eos_token_id is None:
+        raise ConfigError(
+            f"policy.action_head=text ends every action with EOS, but {model_dir} has no EOS "
+            "token; use policy.action_head=label or a tokenizer with one"
+        )
     check_lora_targets(model_dir, config.policy.lora.target_modules, "policy.lora.target_modules")
     if config.policy.init_adapter:
         key, lora, adapter = "policy.init_adapter", config.policy.lora, config.policy.init_adapter

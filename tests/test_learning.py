@@ -131,11 +131,25 @@ def test_gigpo_without_a_critic_learns_pickup_from_a_handful_of_starts(tmp_path:
     assert any(r["advantage_anchor_steps"] > 0 for r in rows)  # starts repeat: prompts do
 
 
+def test_ppo_with_the_text_action_head_learns_pickup_from_a_handful_of_starts(
+    tmp_path: Path,
+) -> None:
+    """The same task with `policy.action_head=text`: each action scored by the log-probability
+    of its own tokens, not by a label logit, through rollouts, GAE and the PPO update."""
+    before, after, rows = train_on_the_handful(tmp_path, ["policy.action_head=text"], 8)
+    assert before <= 0.2
+    assert after >= 0.8
+    assert max(r["success_rate"] for r in rows[-3:]) > rows[0]["success_rate"] + 0.3
+
+
+@pytest.mark.parametrize("head", ["label", "text"])
 def test_sft_beats_the_untrained_policy_on_held_out_starts(
-    tmp_path: Path, tiny_dir: Path, tokenizer: Any
+    head: str, tmp_path: Path, tiny_dir: Path, tokenizer: Any
 ) -> None:
     """Warm-up SFT alone (no reflection, the tiny model trained in full for ~1 minute) on expert
-    `pickup` episodes from the train start states; greedy success on the 60 held-out ones."""
+    `pickup` episodes from the train start states; greedy success on the 60 held-out ones.
+    With the text action head, SFT trains the chosen action's own tokens and the policy scores
+    each action by them."""
     from reflectrl.data.dataset import write_dataset
     from reflectrl.models.policy import OptionPolicy
     from reflectrl.rollout.vector_env import ReflectRLVectorEnv
@@ -149,6 +163,7 @@ def test_sft_beats_the_untrained_policy_on_held_out_starts(
         "sft.batch_size=32",
         "sft.max_steps=300",
         "sft.eval_steps=1000",
+        f"policy.action_head={head}",
     ]
     config = load_config(REPO / "configs" / "smoke.yaml", overrides)
     write_dataset(config, tmp_path / "data", episodes=120, seed=0, progress=False)
@@ -158,7 +173,7 @@ def test_sft_beats_the_untrained_policy_on_held_out_starts(
     def greedy_success(model_dir: Path) -> float:
         env = ReflectRLVectorEnv(held_out, tokenizer, None, num_envs=4)
         env.set_stage("pickup")
-        policy = OptionPolicy(model_dir, env.label_ids)
+        policy = OptionPolicy(model_dir, env.label_ids, action_head=head)
         return evaluate(policy, env, episodes=40, greedy=True).success_rate
 
     before, after = greedy_success(tiny_dir), greedy_success(tmp_path / "sft" / "policy")

@@ -59,7 +59,7 @@ def play(
     env.pop_stats()
     while any(len(k) < q for k, q in zip(kept, quotas, strict=True)):
         batch = {k: torch.as_tensor(v) for k, v in obs.items()}
-        logits, _ = policy(batch["input_ids"], batch["attention_mask"], batch["option_mask"])
+        logits, _ = policy.logits_and_hidden(batch)
         if greedy:
             actions = logits.argmax(dim=-1)
         else:

@@ -1,6 +1,7 @@
-"""The policy: a causal LM + LoRA that scores the menu labels, plus a value head (no Ray).
+"""The policy: a causal LM + LoRA that scores the menu, plus a value head (no Ray).
 
-One forward pass reads the whole right-padded prompt; at the last real token it takes
+With the label head (policy.action_head=label, the paper's), one forward pass reads the whole
+right-padded prompt; at the last real token it takes
   - the next-token logits restricted to the label tokens, masked to the labels valid now
     (the published code did not mask), and
   - the final hidden state, which a linear value head maps to V(s) (the published critic
@@ -12,12 +13,14 @@ rows are right-padded and attention is causal (nothing real attends to the paddi
 With `share_prefix` the tokens every row of a batch starts with (the task header) go through the
 LM once, and every row attends to that one copy of their keys and values: the same attention,
 computed once (gradients flow back through the shared copy).
+With the text head (policy.action_head=text), each valid action is scored by its own tokens
+after the prompt (models/action_text.py); the value head reads the same last prompt token.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 from reflectrl.config import PolicyConfig
+from reflectrl.models.action_text import action_log_probs, action_scores
 from reflectrl.models.loading import load_causal_lm
 
 # Logit of a label that is not on the menu now: exp() of it underflows to exactly 0, and
@@ -53,8 +57,12 @@ class OptionPolicy(nn.Module):
         share_prefix: bool = True,
         value_head: bool = True,
         train_base: bool = False,
+        action_head: str = "label",
+        text_normalisation: str = "token",
     ) -> None:
         super().__init__()
+        self.action_head = action_head
+        self.text_normalisation = text_normalisation
         self.train_base = train_base
         self.trim_padding = trim_padding
         self.share_prefix = share_prefix
@@ -146,6 +154,37 @@ class OptionPolicy(nn.Module):
         # float32 whatever the LM's dtype: MASKED_LOGIT overflows float16 to -inf.
         return logits.float().masked_fill(option_mask <= 0, MASKED_LOGIT)
 
+    def text_logits(self, obs: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The text head: masked logits over the K actions [B, K] (each action's log-probability
+        of its own tokens, normalised), and the prompt's last hidden state [B, H]."""
+        causal_lm = self.lm.get_base_model()
+        log_probs, hidden = action_log_probs(
+            causal_lm.base_model,
+            causal_lm.get_output_embeddings(),
+            obs["input_ids"],
+            obs["attention_mask"],
+            obs["action_ids"],
+            obs["action_mask"],
+        )
+        logits = action_scores(
+            log_probs,
+            obs["action_mask"],
+            obs["action_words"],
+            obs["option_mask"],
+            self.text_normalisation,  # type: ignore[arg-type]
+        )
+        return logits, hidden
+
+    def logits_and_hidden(
+        self, obs: Mapping[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Masked logits over the menu [B, K] by this policy's action head, and the hidden
+        state the value head reads [B, H], from an observation batch of the vector env."""
+        if self.action_head == "text":
+            return self.text_logits(obs)
+        hidden = self.encode(obs["input_ids"], obs["attention_mask"])
+        return self.label_logits(hidden, obs["option_mask"]), hidden
+
     def value(self, hidden: torch.Tensor) -> torch.Tensor:
         """V(s); 0 everywhere without a value head (critic-free estimators)."""
         if self.value_head is None:
@@ -155,6 +194,7 @@ class OptionPolicy(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, option_mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(label logits, V(s)): the label head only; `logits_and_hidden` serves both heads."""
         hidden = self.encode(input_ids, attention_mask)
         return self.label_logits(hidden, option_mask), self.value(hidden)
 
@@ -258,6 +298,8 @@ def build_policy(
         dtype=getattr(torch, settings.dtype) if for_rollouts else torch.float32,
         value_head=critic,
         train_base=settings.rl_trainable == "full",
+        action_head=settings.action_head,
+        text_normalisation=settings.text_normalisation,
     )
 
 

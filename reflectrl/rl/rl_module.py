@@ -1,6 +1,7 @@
 """RLlib adapter over `OptionPolicy` (the model math lives in reflectrl.models, Ray-free).
 
-- action distribution inputs = masked label logits (a Categorical over K labels);
+- action distribution inputs = the masked logits of the policy's action head (a Categorical
+  over the K menu slots);
 - rollouts (`forward_exploration` / `forward_inference`) run the LM only on live rows: the last
   observation of an episode (obs `live` = 0) gets placeholder logits, since NEXT_STEP autoreset
   ignores the action computed for it; they also return V(s) and the weights version;
@@ -90,12 +91,8 @@ class ReflectRLModule(TorchRLModule, ValueFunctionAPI):
         self.weights_version = 0
 
     def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-        obs = batch[Columns.OBS]
-        hidden = self.policy.encode(obs["input_ids"], obs["attention_mask"])
-        return {
-            Columns.ACTION_DIST_INPUTS: self.policy.label_logits(hidden, obs["option_mask"]),
-            Columns.EMBEDDINGS: hidden,
-        }
+        logits, hidden = self.policy.logits_and_hidden(batch[Columns.OBS])
+        return {Columns.ACTION_DIST_INPUTS: logits, Columns.EMBEDDINGS: hidden}
 
     def _forward_inference(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         obs = batch[Columns.OBS]
@@ -108,8 +105,8 @@ class ReflectRLModule(TorchRLModule, ValueFunctionAPI):
         if live.numel():
             # Sampling never needs gradients: without no_grad every rollout step builds a graph.
             with torch.no_grad():
-                hidden = self.policy.encode(obs["input_ids"][live], obs["attention_mask"][live])
-                logits[live] = self.policy.label_logits(hidden, option_mask[live])
+                live_obs = {key: obs[key][live] for key in obs if key != "live"}
+                logits[live], hidden = self.policy.logits_and_hidden(live_obs)
                 values[live] = self.policy.value(hidden)
         out: dict[str, Any] = {Columns.ACTION_DIST_INPUTS: logits}
         if self.values_from_rollouts:

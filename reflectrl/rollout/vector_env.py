@@ -7,6 +7,10 @@ observation RLlib needs (a gymnasium `Text` space crashes inside the EnvRunner):
     attention_mask int64 [max_prompt_tokens]
     option_mask    float32 [K]                1 for labels on the menu now
     live           int64 [1]                  0 for the last observation of an episode
+and with the text action head (policy.action_head=text), each menu slot's own text:
+    action_ids     int64 [K, action_max_tokens]  " <action>" + EOS, right-padded
+    action_mask    int64 [K, action_max_tokens]
+    action_words   float32 [K]                   words in the action (word normalisation)
 The action is a label index; it maps to the env's action through the (maybe shuffled) menu.
 
 Autoreset follows gymnasium's NEXT_STEP mode, which RLlib's EnvRunner expects: the step after
@@ -40,7 +44,7 @@ from reflectrl.rollout.reset_prefetch import ResetPrefetcher
 from reflectrl.rollout.seams import EpisodeRecord, Reflector, WorkerStats, zero_counts
 from reflectrl.seeding import capture_streams, hash_seed, restore_streams
 from reflectrl.text.rendering import PolicyPrompt, PromptRenderer
-from reflectrl.text.tokens import pad_tokens
+from reflectrl.text.tokens import encode_action_texts, pad_tokens
 
 
 class ReflectRLVectorEnv(gym.vector.VectorEnv):
@@ -81,6 +85,16 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
                 "live": gym.spaces.Box(0, 1, (1,), np.int64),
             }
         )
+        self.text_head = config.policy.action_head == "text"
+        if self.text_head:  # each menu slot's own tokens, for the policy to score
+            slots = (self.max_actions, config.policy.action_max_tokens)
+            self.single_observation_space["action_ids"] = gym.spaces.Box(
+                0, vocab - 1, slots, np.int64
+            )
+            self.single_observation_space["action_mask"] = gym.spaces.Box(0, 1, slots, np.int64)
+            self.single_observation_space["action_words"] = gym.spaces.Box(
+                0.0, np.inf, (self.max_actions,), np.float32
+            )
         self.single_action_space = gym.spaces.Discrete(self.max_actions)
         self.observation_space = gym.vector.utils.batch_space(
             self.single_observation_space, num_envs
@@ -446,4 +460,10 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
             )
             batch["option_mask"][i, : len(text_obs[i].actions)] = 1.0
             self.last_prompts.append(prompt.text)
+        if self.text_head:
+            menus = [[obs.actions[j] for j in self._orders[i]] for i, obs in enumerate(text_obs)]
+            slots = encode_action_texts(
+                self.tokenizer, menus, self.max_actions, self.config.policy.action_max_tokens
+            )
+            batch["action_ids"], batch["action_mask"], batch["action_words"] = slots
         return batch

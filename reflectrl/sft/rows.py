@@ -2,9 +2,10 @@
 
 The ids are built here rather than by TRL's tokenizer so they are exactly what each player
 reads at run time: the policy's prompt is encoded as the vector env encodes it (no special
-tokens; at most `env.max_prompt_tokens`) and its completion is the one label token; the
-reflection prompt is encoded as the server receives it and its completion is the reflection.
-Both completions end with EOS (where generation stops).
+tokens; at most `env.max_prompt_tokens`) and its completion is the one label token, or with
+the text action head the chosen action's own tokens as that head scores them; the reflection
+prompt is encoded as the server receives it and its completion is the reflection. Every
+completion ends with EOS (where generation stops; the text head scores it too).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any, Literal
 
 from reflectrl.data.dataset import DATA_FILE, STATS_FILE
 from reflectrl.errors import ConfigError
+from reflectrl.text.prompts import ACTION_MARKER, MENU_HEADER
+from reflectrl.text.tokens import action_text_ids
 
 Player = Literal["reflection", "policy"]
 PLAYERS: tuple[Player, ...] = ("reflection", "policy")
@@ -63,12 +66,27 @@ class Encoded:
     skipped: int  # rows whose prompt exceeds the player's budget
 
 
+def menu_action(prompt: str, label: str) -> str:
+    """The action the menu of a policy prompt shows under `label`."""
+    menu = prompt.rsplit(MENU_HEADER, 1)[-1].removesuffix(ACTION_MARKER)
+    for line in menu.split("\n"):
+        if line.startswith(f"{label}. "):
+            return line[len(label) + 2 :]
+    raise ConfigError(f"completion {label!r} is not a label on its prompt's menu")
+
+
 def encode_rows(
-    rows: list[dict[str, Any]], tokenizer: Any, max_prompt_tokens: int, single_token: bool
+    rows: list[dict[str, Any]],
+    tokenizer: Any,
+    max_prompt_tokens: int,
+    single_token: bool,
+    action_max_tokens: int | None = None,
 ) -> Encoded:
     """Prompt ids + completion ids + EOS; labels are IGNORE over the prompt.
 
-    `single_token`: the completion must be one token (a menu label), as the policy scores it.
+    `single_token`: the completion must be one token (a menu label), as the label head scores
+    it. `action_max_tokens` (the text action head): the completion is the labelled action's
+    text, as the head scores it (EOS included, at most this many tokens).
     """
     if tokenizer.eos_token_id is None:
         raise ConfigError("the tokenizer has no EOS token; SFT needs one to end completions")
@@ -76,8 +94,12 @@ def encode_rows(
     skipped = 0
     for row in rows:
         prompt = tokenizer.encode(row["prompt"], add_special_tokens=False)
-        completion = tokenizer.encode(row["completion"], add_special_tokens=False)
-        if single_token and len(completion) != 1:
+        if action_max_tokens is not None:
+            action = menu_action(row["prompt"], row["completion"])
+            completion = action_text_ids(tokenizer, action, action_max_tokens)
+        else:
+            completion = tokenizer.encode(row["completion"], add_special_tokens=False)
+        if single_token and action_max_tokens is None and len(completion) != 1:
             raise ConfigError(
                 f"completion {row['completion']!r} is {len(completion)} tokens for this "
                 "tokenizer; policy labels must be single tokens (policy.labels)"
@@ -85,7 +107,8 @@ def encode_rows(
         if len(prompt) > max_prompt_tokens:
             skipped += 1
             continue
-        completion = [*completion, int(tokenizer.eos_token_id)]
+        if action_max_tokens is None:  # action_text_ids ends with EOS already
+            completion = [*completion, int(tokenizer.eos_token_id)]
         examples.append(
             {"input_ids": prompt + completion, "labels": [IGNORE] * len(prompt) + completion}
         )

@@ -199,8 +199,10 @@ def build_trainer(
     else:
         budget = config.reflection.max_model_len - config.reflection.max_tokens
     single = player == "policy"
-    train = encode_rows(train_rows, tokenizer, budget, single)
-    held = encode_rows(eval_rows, tokenizer, budget, single)
+    text_head = single and config.policy.action_head == "text"
+    action_tokens = config.policy.action_max_tokens if text_head else None
+    train = encode_rows(train_rows, tokenizer, budget, single, action_tokens)
+    held = encode_rows(eval_rows, tokenizer, budget, single, action_tokens)
     if not train.examples:
         raise ConfigError(f"every {target} row is longer than {budget} tokens; raise the budget")
     model = build_model(model_dir, settings.method, lora, seed)

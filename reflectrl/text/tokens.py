@@ -73,3 +73,31 @@ def _pad_id(tokenizer: Any) -> int:
         if candidate is not None:
             return int(candidate)
     return 0
+
+
+def action_text_ids(tokenizer: Any, text: str, longest: int) -> list[int]:
+    """The tokens the text action head scores for an action (policy.action_head=text), and
+    what SFT trains as its completion: ` <text>` as the answer continues the prompt, then
+    EOS (so an action that is a prefix of another does not outscore it), cut to `longest`."""
+    ids = tokenizer.encode(" " + text, add_special_tokens=False)
+    return [*ids, int(tokenizer.eos_token_id)][:longest]
+
+
+def encode_action_texts(
+    tokenizer: Any, rows: Sequence[Sequence[str]], width: int, longest: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(action_ids int64 [B, width, longest], action_mask int64 [B, width, longest],
+    action_words float32 [B, width]) of rows of action texts, each row padded to `width`
+    actions (empty slots: no tokens, 0 words)."""
+    ids = np.full((len(rows), width, longest), _pad_id(tokenizer), dtype=np.int64)
+    mask = np.zeros((len(rows), width, longest), dtype=np.int64)
+    words = np.zeros((len(rows), width), dtype=np.float32)
+    for i, row in enumerate(rows):
+        if len(row) > width:
+            raise ValueError(f"{len(row)} actions do not fit {width} slots")
+        for k, text in enumerate(row):
+            tokens = action_text_ids(tokenizer, text, longest)
+            ids[i, k, : len(tokens)] = tokens
+            mask[i, k, : len(tokens)] = 1
+            words[i, k] = len(text.split())
+    return ids, mask, words

@@ -1,0 +1,141 @@
+"""The text action head: each valid action scored by the log-probability of its own tokens.
+
+The label head (models/policy.py) reads one next-token logit per menu label. This head, as in
+TWOSOME (Tan et al., ICLR 2024) and GLAM (Carta et al., ICML 2023), scores action k by
+
+    log p(a_k | prompt) = sum_t log p(a_k[t] | prompt, a_k[:t])
+
+divided by its token count (`token`), its word count (`word`) or by 1 (`none`), and the
+policy is the softmax of those scores over the valid actions. Following a hint then means
+copying the hinted text, token by token, from where the reflection wrote it (an induction
+copy), not finding the hinted line on the menu and reading the label in front of it.
+
+Cost: one LM pass per row over the prompt followed by every action's tokens (a tree: each
+action attends to the prompt and to its own earlier tokens only, through a 4D attention mask,
+and takes the positions that follow the prompt). So the prompt is read once, whatever K is,
+and the pass costs the prompt plus K short actions, not K prompts.
+No Ray here: plain torch over a Hugging Face decoder.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+
+Normalisation = Literal["token", "word", "none"]
+NORMALISATIONS: tuple[str, ...] = ("token", "word", "none")
+# Logit of an action that is not valid now (as the label head's MASKED_LOGIT).
+MASKED_LOGIT = -1e9
+
+
+def action_log_probs(
+    trunk: Any,
+    head: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    action_ids: torch.Tensor,
+    action_mask: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed log-probability of each action's tokens after its row's prompt [B, K], the
+    final hidden state at each prompt's last real token [B, H], what a value head reads).
+
+    input_ids, attention_mask: [B, T], right-padded prompts. action_ids, action_mask:
+    [B, K, L], each action's tokens right-padded to L (an action with no tokens scores 0;
+    reflectrl.text.tokens.encode_action_texts makes them). `trunk` is the decoder stack (no
+    LM head), `head` the LM's output embeddings."""
+    # Only as many action tokens as the longest action of the batch has (padding is exact to
+    # drop: an action's tokens never attend to the padding after them).
+    longest = max(int(action_mask.sum(dim=-1).max()), 1)
+    action_ids, action_mask = action_ids[:, :, :longest], action_mask[:, :, :longest]
+    rows, actions, _ = action_ids.shape
+    lengths = attention_mask.long().sum(dim=1)
+    if bool((lengths < 1).any()):
+        raise ValueError("an observation has an empty attention mask")
+    width = int(lengths.max())
+    device = input_ids.device
+    # The tokens that predict each action's later tokens: a_k[:-1], for every k, after the
+    # prompt; the prompt's last token predicts every a_k[0].
+    later = longest - 1
+    inputs = torch.cat([input_ids[:, :width], action_ids[:, :, :-1].reshape(rows, -1)], dim=1)
+    step = torch.arange(later, device=device).repeat(actions)  # t of each (k, t)
+    branch = torch.arange(actions, device=device).repeat_interleave(later)  # k of each (k, t)
+    positions = torch.cat(
+        [
+            torch.arange(width, device=device).expand(rows, width),
+            lengths[:, None] + step[None, :],
+        ],
+        dim=1,
+    )
+    out = trunk(
+        input_ids=inputs,
+        attention_mask=tree_mask(attention_mask[:, :width], step, branch, trunk.dtype),
+        position_ids=positions,
+        use_cache=False,
+    ).last_hidden_state
+    last = out[torch.arange(rows, device=device), lengths - 1]
+    first = _log_softmax(head, last).gather(1, action_ids[:, :, 0])  # [B, K]
+    total = first * action_mask[:, :, 0]
+    if later == 0:
+        return total, last
+    logp = _log_softmax(head, out[:, width:]).view(rows, actions, later, -1)
+    rest = logp.gather(-1, action_ids[:, :, 1:, None]).squeeze(-1) * action_mask[:, :, 1:]
+    return total + rest.sum(dim=-1), last
+
+
+def tree_mask(
+    prompt_mask: torch.Tensor, step: torch.Tensor, branch: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """The additive 4D attention mask [B, 1, W + M, W + M] of prompts (width W, right-padded)
+    followed by M action tokens (token `step[j]` of action `branch[j]`): a prompt token sees the
+    prompt's real tokens up to itself; an action token sees the prompt's real tokens and its
+    own action's tokens up to itself."""
+    rows, width = prompt_mask.shape
+    device = prompt_mask.device
+    real = prompt_mask.bool()
+    causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+    prompt_rows = causal[None] & real[:, None, :]  # [B, W, W]
+    same_action = (branch[:, None] == branch[None, :]) & (step[None, :] <= step[:, None])
+    tokens = step.numel()
+    allowed = torch.cat(
+        [
+            torch.cat([prompt_rows, prompt_rows.new_zeros(rows, width, tokens)], dim=2),
+            torch.cat(
+                [real[:, None, :].expand(rows, tokens, width), same_action.expand(rows, -1, -1)],
+                dim=2,
+            ),
+        ],
+        dim=1,
+    )
+    blocked = torch.finfo(dtype).min
+    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, blocked)[
+        :, None
+    ]
+
+
+def action_scores(
+    log_probs: torch.Tensor,
+    action_mask: torch.Tensor,
+    word_counts: torch.Tensor,
+    option_mask: torch.Tensor,
+    normalisation: Normalisation,
+) -> torch.Tensor:
+    """The categorical's logits over the K actions: [B, K], invalid actions masked.
+
+    log_probs: [B, K] from `action_log_probs`; word_counts: [B, K] words in each action's
+    text (for `word`); option_mask: [B, K], 1 where the action is valid now."""
+    if normalisation == "token":
+        divisor = action_mask.sum(dim=-1).clamp(min=1)
+    elif normalisation == "word":
+        divisor = word_counts.clamp(min=1)
+    elif normalisation == "none":
+        divisor = torch.ones_like(log_probs)
+    else:
+        raise ValueError(f"unknown normalisation {normalisation!r}; use one of {NORMALISATIONS}")
+    scores = log_probs.float() / divisor.to(torch.float32)
+    return scores.masked_fill(option_mask <= 0, MASKED_LOGIT)
+
+
+def _log_softmax(head: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities over the vocabulary, in float32."""
+    return torch.log_softmax(head(hidden).float(), dim=-1)
