@@ -107,10 +107,8 @@ def tree_mask(
         ],
         dim=1,
     )
-    blocked = torch.finfo(dtype).min
-    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, blocked)[
-        :, None
-    ]
+    additive = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    return additive.masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
 
 
 def action_scores(

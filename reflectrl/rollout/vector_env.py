@@ -86,6 +86,7 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
             }
         )
         self.text_head = config.policy.action_head == "text"
+        self._action_tokens: dict[str, list[int]] = {}  # text head: each action text's tokens
         if self.text_head:  # each menu slot's own tokens, for the policy to score
             slots = (self.max_actions, config.policy.action_max_tokens)
             self.single_observation_space["action_ids"] = gym.spaces.Box(
@@ -463,7 +464,11 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         if self.text_head:
             menus = [[obs.actions[j] for j in self._orders[i]] for i, obs in enumerate(text_obs)]
             slots = encode_action_texts(
-                self.tokenizer, menus, self.max_actions, self.config.policy.action_max_tokens
+                self.tokenizer,
+                menus,
+                self.max_actions,
+                self.config.policy.action_max_tokens,
+                self._action_tokens,
             )
             batch["action_ids"], batch["action_mask"], batch["action_words"] = slots
         return batch

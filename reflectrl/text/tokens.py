@@ -84,11 +84,16 @@ def action_text_ids(tokenizer: Any, text: str, longest: int) -> list[int]:
 
 
 def encode_action_texts(
-    tokenizer: Any, rows: Sequence[Sequence[str]], width: int, longest: int
+    tokenizer: Any,
+    rows: Sequence[Sequence[str]],
+    width: int,
+    longest: int,
+    known: dict[str, list[int]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(action_ids int64 [B, width, longest], action_mask int64 [B, width, longest],
     action_words float32 [B, width]) of rows of action texts, each row padded to `width`
-    actions (empty slots: no tokens, 0 words)."""
+    actions (empty slots: no tokens, 0 words). `known`: a cache of texts already tokenized
+    (the vector env keeps one: menus repeat from step to step)."""
     ids = np.full((len(rows), width, longest), _pad_id(tokenizer), dtype=np.int64)
     mask = np.zeros((len(rows), width, longest), dtype=np.int64)
     words = np.zeros((len(rows), width), dtype=np.float32)
@@ -96,7 +101,12 @@ def encode_action_texts(
         if len(row) > width:
             raise ValueError(f"{len(row)} actions do not fit {width} slots")
         for k, text in enumerate(row):
-            tokens = action_text_ids(tokenizer, text, longest)
+            if known is None:
+                tokens = action_text_ids(tokenizer, text, longest)
+            elif text in known:
+                tokens = known[text]
+            else:
+                tokens = known[text] = action_text_ids(tokenizer, text, longest)
             ids[i, k, : len(tokens)] = tokens
             mask[i, k, : len(tokens)] = 1
             words[i, k] = len(text.split())
