@@ -10,10 +10,11 @@ policy is the softmax of those scores over the valid actions. Following a hint t
 copying the hinted text, token by token, from where the reflection wrote it (an induction
 copy), not finding the hinted line on the menu and reading the label in front of it.
 
-Cost: one LM pass per row over the prompt followed by every action's tokens (a tree: each
-action attends to the prompt and to its own earlier tokens only, through a 4D attention mask,
-and takes the positions that follow the prompt). So the prompt is read once, whatever K is,
-and the pass costs the prompt plus K short actions, not K prompts.
+Cost: one LM pass per row over the prompt followed by every action's tokens, packed with no
+padding between them (a tree: each action attends to the prompt and to its own earlier tokens
+only, through a 4D attention mask, and takes the positions that follow the prompt). So the
+prompt is read once, whatever K is, and the pass costs the prompt plus the menu's tokens,
+not K prompts.
 No Ray here: plain torch over a Hugging Face decoder.
 """
 
@@ -44,70 +45,71 @@ def action_log_probs(
     [B, K, L], each action's tokens right-padded to L (an action with no tokens scores 0;
     reflectrl.text.tokens.encode_action_texts makes them). `trunk` is the decoder stack (no
     LM head), `head` the LM's output embeddings."""
-    # Only as many action tokens as the longest action of the batch has (padding is exact to
-    # drop: an action's tokens never attend to the padding after them).
-    longest = max(int(action_mask.sum(dim=-1).max()), 1)
-    action_ids, action_mask = action_ids[:, :, :longest], action_mask[:, :, :longest]
-    rows, actions, _ = action_ids.shape
+    rows, actions, width_a = action_ids.shape
     lengths = attention_mask.long().sum(dim=1)
     if bool((lengths < 1).any()):
         raise ValueError("an observation has an empty attention mask")
     width = int(lengths.max())
     device = input_ids.device
-    # The tokens that predict each action's later tokens: a_k[:-1], for every k, after the
-    # prompt; the prompt's last token predicts every a_k[0].
-    later = longest - 1
-    inputs = torch.cat([input_ids[:, :width], action_ids[:, :, :-1].reshape(rows, -1)], dim=1)
-    step = torch.arange(later, device=device).repeat(actions)  # t of each (k, t)
-    branch = torch.arange(actions, device=device).repeat_interleave(later)  # k of each (k, t)
+    # The tokens that predict each action's later tokens: a_k[:-1], for every k, packed side
+    # by side after the prompt with no padding between actions (menus differ in length and
+    # most actions are far shorter than the longest); the prompt's last token predicts every
+    # a_k[0]. Row b's fed token j is token `step` of action `branch`.
+    fed = action_mask[:, :, 1:].bool().reshape(rows, -1)  # token t is fed if t + 1 exists
+    packed = int(fed.sum(dim=1).max()) if fed.numel() else 0
+    row_of, flat = fed.nonzero(as_tuple=True)
+    slot = (fed.long().cumsum(dim=1) - 1)[row_of, flat]
+    branch_of, step_of = flat // max(width_a - 1, 1), flat % max(width_a - 1, 1)
+    tokens = input_ids.new_zeros(rows, packed)
+    tokens[row_of, slot] = action_ids[row_of, branch_of, step_of]
+    step = torch.zeros(rows, packed, dtype=torch.long, device=device)
+    step[row_of, slot] = step_of
+    branch = torch.full((rows, packed), -1, dtype=torch.long, device=device)  # -1: padding
+    branch[row_of, slot] = branch_of
     positions = torch.cat(
-        [
-            torch.arange(width, device=device).expand(rows, width),
-            lengths[:, None] + step[None, :],
-        ],
-        dim=1,
+        [torch.arange(width, device=device).expand(rows, width), lengths[:, None] + step], dim=1
     )
     out = trunk(
-        input_ids=inputs,
+        input_ids=torch.cat([input_ids[:, :width], tokens], dim=1),
         attention_mask=tree_mask(attention_mask[:, :width], step, branch, trunk.dtype),
         position_ids=positions,
         use_cache=False,
     ).last_hidden_state
     last = out[torch.arange(rows, device=device), lengths - 1]
     first = _log_softmax(head, last).gather(1, action_ids[:, :, 0])  # [B, K]
-    total = first * action_mask[:, :, 0]
-    if later == 0:
-        return total, last
-    logp = _log_softmax(head, out[:, width:]).view(rows, actions, later, -1)
-    rest = logp.gather(-1, action_ids[:, :, 1:, None]).squeeze(-1) * action_mask[:, :, 1:]
-    return total + rest.sum(dim=-1), last
+    total = (first * action_mask[:, :, 0]).reshape(-1)
+    if packed == 0:
+        return total.view(rows, actions), last
+    # Only the fed tokens reach the vocabulary head, each scoring the next token of its action.
+    logp = _log_softmax(head, out[:, width:][row_of, slot])
+    rest = logp.gather(1, action_ids[row_of, branch_of, step_of + 1][:, None]).squeeze(1)
+    total = total.index_add(0, row_of * actions + branch_of, rest.to(total.dtype))
+    return total.view(rows, actions), last
 
 
 def tree_mask(
     prompt_mask: torch.Tensor, step: torch.Tensor, branch: torch.Tensor, dtype: torch.dtype
 ) -> torch.Tensor:
     """The additive 4D attention mask [B, 1, W + M, W + M] of prompts (width W, right-padded)
-    followed by M action tokens (token `step[j]` of action `branch[j]`): a prompt token sees the
-    prompt's real tokens up to itself; an action token sees the prompt's real tokens and its
-    own action's tokens up to itself."""
+    followed by M packed action tokens (in row b, token `step[b, j]` of action `branch[b, j]`;
+    branch -1 is padding): a prompt token sees the prompt's real tokens up to itself; an
+    action token sees the prompt's real tokens and its own action's tokens up to itself."""
     rows, width = prompt_mask.shape
-    device = prompt_mask.device
     real = prompt_mask.bool()
-    causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+    causal = torch.ones(width, width, dtype=torch.bool, device=real.device).tril()
     prompt_rows = causal[None] & real[:, None, :]  # [B, W, W]
-    same_action = (branch[:, None] == branch[None, :]) & (step[None, :] <= step[:, None])
-    tokens = step.numel()
+    same_action = (branch[:, :, None] == branch[:, None, :]) & (
+        step[:, None, :] <= step[:, :, None]
+    )  # [B, M, M]
+    tokens = step.shape[1]
     allowed = torch.cat(
         [
             torch.cat([prompt_rows, prompt_rows.new_zeros(rows, width, tokens)], dim=2),
-            torch.cat(
-                [real[:, None, :].expand(rows, tokens, width), same_action.expand(rows, -1, -1)],
-                dim=2,
-            ),
+            torch.cat([real[:, None, :].expand(rows, tokens, width), same_action], dim=2),
         ],
         dim=1,
     )
-    additive = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    additive = torch.zeros(allowed.shape, dtype=dtype, device=real.device)
     return additive.masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
 
 
