@@ -103,16 +103,23 @@ def policy_rows(
 
 
 def encoded(
-    rows: list[tuple[str, int, int]], tokenizer: Any, labels: str, draw: random.Random | None
+    rows: list[tuple[str, int, int]],
+    tokenizer: Any,
+    labels: str,
+    draw: random.Random | None,
+    show_menu: bool = True,
 ) -> list[tuple[list[int], int, int]]:
     """Rows as (token ids, the menu's actions, taught index); with `draw`, each menu reordered
-    first."""
+    first; without `show_menu`, the menu left out of the prompt (the text head scores the
+    actions all the same, and the reflection is then the last thing before the answer)."""
     out = []
     for prompt, _, taught in rows:
         if draw is not None:
             prompt, taught = reorder_menu(prompt, taught, labels, draw)
-        ids = tokenizer.encode(prompt, add_special_tokens=False)
-        out.append((ids, menu_actions(prompt), taught))
+        actions = menu_actions(prompt)
+        if not show_menu:
+            prompt = prompt.rsplit(MENU_HEADER, 1)[0] + ACTION_MARKER
+        out.append((tokenizer.encode(prompt, add_special_tokens=False), actions, taught))
     return out
 
 
@@ -207,7 +214,7 @@ def learning_curve(name: str, args: argparse.Namespace) -> dict[str, Any]:
     # Reordered held-out menus (one fixed draw) score reading alone, without the order's prior.
     held_out = encoded(
         policy_rows(args.data, "eval", labels, args.unquoted, args.context), tokenizer, labels,
-        random.Random(1) if args.reorder_menus else None,
+        random.Random(1) if args.reorder_menus else None, not args.no_menu,
     )  # fmt: skip
     reorder = random.Random(0) if args.reorder_menus else None
     pad = tokenizer.pad_token_id
@@ -217,7 +224,7 @@ def learning_curve(name: str, args: argparse.Namespace) -> dict[str, Any]:
     curve, started = [], time.perf_counter()
     for step in range(1, args.steps + 1):
         picks = torch.randint(len(train), (BATCH,), generator=draw).tolist()
-        batch = encoded([train[i] for i in picks], tokenizer, labels, reorder)
+        batch = encoded([train[i] for i in picks], tokenizer, labels, reorder, not args.no_menu)
         if args.head == "text":
             scores, taught, log_probs = text_logits(trunk, batch, tokenizer)
             prompt_loss = None
@@ -255,6 +262,7 @@ def learning_curve(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "reflection_quotes": not args.unquoted,
         "prompt_loss_weight": args.prompt_loss,
         "context": args.context,
+        "menu_in_prompt": not args.no_menu,
         "vocab": len(tokenizer),
         "reordered_menus": args.reorder_menus,
         "params": sum(p.numel() for p in trunk.parameters()),
@@ -291,9 +299,14 @@ def main() -> None:
     parser.add_argument("--reorder-menus", action="store_true",
                         help="reorder every menu at random (train: a fresh order each "
                         "draw; held out: one fixed order): the order tells nothing")  # fmt: skip
+    parser.add_argument("--no-menu", action="store_true",
+                        help="with --head text: leave the menu out of the prompt (the actions "
+                        "are scored all the same; the reflection comes last)")  # fmt: skip
     add_head_arguments(parser)
     parser.add_argument("--name", default="policy_copy", help="results file name")
     args = parser.parse_args()
+    if args.no_menu and args.head != "text":
+        parser.error("--no-menu needs --head text: the label head reads the answer off the menu")
     started = time.perf_counter()
     command = "python -m benchmarks.policy_copy " + " ".join(sys.argv[1:])
     rows: list[dict[str, Any]] = []

@@ -69,6 +69,11 @@ class PolicyConfig(Strict):
     # text head: tokens of an action it reads, EOS included; longer actions are cut (two
     # actions alike in their first `action_max_tokens` tokens then score alike).
     action_max_tokens: int = Field(24, ge=2)
+    # Whether the policy prompt lists the menu ("Valid actions:" and a labelled line per
+    # action, the paper's layout). The text head scores the valid actions without reading
+    # them, so it may leave the menu out: the reflection is then the last thing before the
+    # answer, and a small trunk copies its command instead of a menu line's.
+    show_menu: bool = True
     # A peft LoRA adapter from `reflectrl sft` (OUT/policy) that PPO starts from; it must have
     # the shapes policy.lora makes. None: a fresh LoRA (RL from scratch).
     init_adapter: str | None = None
@@ -92,6 +97,14 @@ class PolicyConfig(Strict):
     # Recompute activations in the backward pass instead of storing them (~1.2x slower; for
     # models whose micro-batch activations do not fit memory).
     gradient_checkpointing: bool = False
+
+    @model_validator(mode="after")
+    def _check_menu(self) -> PolicyConfig:
+        if not self.show_menu and self.action_head != "text":
+            raise ValueError(
+                "show_menu=false needs action_head=text: the label head answers with a menu label"
+            )
+        return self
 
 
 # Tokens kept free of the reflection budget: the server may add special tokens and tokenize a

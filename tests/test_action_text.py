@@ -147,6 +147,26 @@ def test_vector_env_sends_each_menu_slot_s_text(text_env: Any, tokenizer: Any) -
         assert obs["action_mask"][i, len(menu) :].sum() == 0
 
 
+def test_without_the_menu_the_prompt_drops_it_and_the_slots_stay(tokenizer: Any) -> None:
+    """policy.show_menu=false: the same prompts less "Valid actions:" and the menu's lines, and
+    the same action slots (fresh envs of the same run.seed: the same starts and shuffles)."""
+    from reflectrl.config import load_config
+    from reflectrl.rollout.vector_env import ReflectRLVectorEnv
+
+    overrides = ["policy.model=tiny", "reflection.enabled=false", "policy.action_head=text",
+                 "env.shuffle_options=true"]  # fmt: skip
+    configs = [load_config(None, [*overrides, f"policy.show_menu={s}"]) for s in ("1", "0")]
+    envs = [ReflectRLVectorEnv(config, tokenizer, None, num_envs=3) for config in configs]
+    (with_menu, _), (without, _) = (env.reset() for env in envs)
+    text_env, bare = envs
+    for key in ("action_ids", "action_mask", "action_words", "option_mask"):
+        assert (with_menu[key] == without[key]).all(), key
+    for shown, hidden in zip(text_env.last_prompts, bare.last_prompts, strict=True):
+        assert "Valid actions:" not in hidden and hidden.endswith(" # Action:\n")
+        assert hidden == shown.rsplit("\nValid actions:\n", 1)[0] + " # Action:\n"
+    assert (without["attention_mask"].sum(1) < with_menu["attention_mask"].sum(1)).all()
+
+
 def test_policy_text_head_scores_the_menu_by_its_text(text_env: Any, tiny_dir: Path) -> None:
     """OptionPolicy with the text head: the logit of slot k is log p(action k | prompt) per
     token, by a full forward of the prompt and that action; invalid slots masked; V(s) reads
@@ -191,6 +211,11 @@ def test_sft_rows_train_the_chosen_action_s_text(tokenizer: Any) -> None:
     assert len([t for t in label_head.examples[0]["labels"] if t != IGNORE]) == 2  # "2", EOS
     with pytest.raises(ConfigError, match="not a label on its prompt's menu"):
         encode_rows([{"prompt": prompt, "completion": "7"}], tokenizer, 512, True, 24)
+    # Without the menu in the prompt (policy.show_menu=false): the expert's recorded action.
+    bare = {"prompt": "Task # Analyze:\ngo east # Action:\n", "completion": "2",
+            "expert_action": "go east"}  # fmt: skip
+    encoded = encode_rows([bare], tokenizer, 512, single_token=True, action_max_tokens=24)
+    assert [t for t in encoded.examples[0]["labels"] if t != IGNORE] == want
 
 
 def test_gradient_checkpointing_changes_nothing_under_the_text_head(

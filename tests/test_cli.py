@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -91,6 +92,19 @@ def test_help_lists_the_launch_options() -> None:
             ["reflection.max_tokens=100000", "reflection.max_model_len=512", "lower max_tokens"],
         ),
         (["--config", "NOT_UTF8"], ["is not UTF-8 text", "save the config as UTF-8"]),
+        (["--config", SMOKE, "--set", "policy.action_head=tokens"], ["policy.action_head"]),
+        (
+            ["--config", SMOKE, "--set", "policy.text_normalisation=chars"],
+            ["policy.text_normalisation", "'token', 'word' or 'none'"],
+        ),
+        (
+            ["--config", SMOKE, "--set", "policy.show_menu=false"],
+            ["show_menu=false needs action_head=text"],
+        ),
+        (
+            ["--config", SMOKE, "--set", "policy.action_max_tokens=1"],
+            ["policy.action_max_tokens", "greater than or equal to 2"],
+        ),
     ],
 )
 def test_bad_input_before_anything_starts(
@@ -104,6 +118,24 @@ def test_bad_input_before_anything_starts(
         args += ["--output", str(output)]
     assert_usage_error(reflectrl("launch", *args), *needles)
     assert not output.exists()  # a failed start leaves no run directory
+
+
+def test_text_head_with_a_tokenizer_without_eos_is_refused(tiny_dir: Path, tmp_path: Path) -> None:
+    """The text head ends every action with EOS: a model whose tokenizer has none cannot
+    render an action's end, so the run is refused before it starts."""
+    from transformers import AutoTokenizer
+
+    model = tmp_path / "no-eos"
+    shutil.copytree(tiny_dir, model)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer.eos_token = None
+    tokenizer.save_pretrained(model)
+    assert AutoTokenizer.from_pretrained(model).eos_token_id is None
+    output = tmp_path / "run"
+    args = ["--config", SMOKE, "--output", str(output), "--set", f"policy.model={model}"]
+    result = reflectrl("launch", *args, "--set", "policy.action_head=text")
+    assert_usage_error(result, "policy.action_head=text", "no EOS", "policy.action_head=label")
+    assert not output.exists()
 
 
 def test_output_with_an_earlier_run_is_refused_and_kept(tmp_path: Path) -> None:

@@ -1,6 +1,8 @@
 """AutoExplore and ALFWorld end to end through the CLI, smoke-sized: real Ray, RLlib, a real
 vLLM reflection server and (for ALFWorld) the real alfworld engine. A few expert episodes, a
-few SFT steps of both players, one RL iteration, then the held-out evaluation."""
+few SFT steps of both players, one RL iteration, then the held-out evaluation. Both run the
+text action head (`policy.action_head=text`): the label head's path is the one every other
+end-to-end test takes."""
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ SMOKE = [
     "sft.eval_steps=3",
     "eval.episodes=2",
     "run.checkpoint_every=1",
+    "policy.action_head=text",
 ]
 
 

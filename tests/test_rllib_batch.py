@@ -36,15 +36,24 @@ REFERENCE = {
 }
 
 
-@pytest.fixture(scope="module")
-def sampled() -> tuple[Any, list[Any]]:
-    config = load_config(SMOKE, [*OVERRIDES, "policy.micro_batch_size=5"])
+def sample_in_process(*overrides: str) -> tuple[Any, list[Any]]:
+    config = load_config(SMOKE, [*OVERRIDES, "policy.micro_batch_size=5", *overrides])
     local = build_in_process(config)
     perturb(local.module)
     local.sync_weights()
     torch.manual_seed(0)
     episodes = local.sample()
     return local, episodes
+
+
+@pytest.fixture(scope="module")
+def sampled() -> tuple[Any, list[Any]]:
+    return sample_in_process()
+
+
+@pytest.fixture(scope="module")
+def sampled_text_head() -> tuple[Any, list[Any]]:
+    return sample_in_process("policy.action_head=text")
 
 
 def test_batch_layout_nextstep_autoreset_and_bootstrap_rows(sampled: tuple) -> None:
@@ -73,10 +82,14 @@ def test_batch_layout_nextstep_autoreset_and_bootstrap_rows(sampled: tuple) -> N
     assert kinds == {(True, False), (False, True), (False, False)}  # all three kinds of end
 
 
-def test_rollout_log_probs_equal_the_learner_log_probs(sampled: tuple) -> None:
+@pytest.mark.parametrize("samples", ["sampled", "sampled_text_head"])
+def test_rollout_log_probs_equal_the_learner_log_probs(
+    samples: str, request: pytest.FixtureRequest
+) -> None:
     # PPO's ratio is exp(logp_learner - logp_rollout): 1 before any update, or the update is
     # biased (dropout, trimming, skipped rows and the placeholder must not change a thing).
-    local, episodes = sampled
+    # With the text head too: its rollout scores come from batches of other widths and menus.
+    local, episodes = request.getfixturevalue(samples)
     batch = local.train_batch(episodes)[MID]
     rows = torch.nonzero(batch[Columns.LOSS_MASK])[:, 0]
     obs = {k: v[rows] for k, v in batch[Columns.OBS].items()}

@@ -75,6 +75,15 @@ def menu_action(prompt: str, label: str) -> str:
     raise ConfigError(f"completion {label!r} is not a label on its prompt's menu")
 
 
+def taught_action(row: dict[str, Any]) -> str:
+    """The action text a policy row teaches: its menu's line under the row's label, or the
+    expert's action the data recorded when the prompt leaves the menu out
+    (`policy.show_menu: false`)."""
+    if MENU_HEADER in row["prompt"]:
+        return menu_action(row["prompt"], row["completion"])
+    return str(row["expert_action"])
+
+
 def encode_rows(
     rows: list[dict[str, Any]],
     tokenizer: Any,
@@ -95,7 +104,7 @@ def encode_rows(
     for row in rows:
         prompt = tokenizer.encode(row["prompt"], add_special_tokens=False)
         if action_max_tokens is not None:
-            action = menu_action(row["prompt"], row["completion"])
+            action = taught_action(row)
             completion = action_text_ids(tokenizer, action, action_max_tokens)
         else:
             completion = tokenizer.encode(row["completion"], add_special_tokens=False)

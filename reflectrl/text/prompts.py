@@ -4,6 +4,9 @@
 - policy prompt     = reflection prompt + reflection text + menu + ACTION_MARKER
 - no-reflection     = task instruction + observation + menu + ACTION_MARKER
 
+With `policy.show_menu: false` (the text action head only) both policy layouts drop the menu
+(MENU_HEADER and its lines): the head scores the valid actions' own text after the prompt.
+
 The policy answers with one label token right after ACTION_MARKER; the menu lists
 "<label>. <action>" lines, in the order given by `order` (a permutation of the env's actions,
 so per-step shuffling cannot be learned as label positions).
@@ -50,19 +53,30 @@ def reflection_parts(obs: TextObservation) -> Prompt:
     return Prompt(f"{obs.instruction}\n", obs.observation, ANALYZE_MARKER)
 
 
+def menu_block(
+    obs: TextObservation, labels: Sequence[str], order: Sequence[int], show_menu: bool
+) -> str:
+    """MENU_HEADER and the menu's lines, or nothing when the prompt leaves the menu out."""
+    return f"{MENU_HEADER}{render_menu(obs.actions, labels, order)}" if show_menu else ""
+
+
 def policy_parts(
-    obs: TextObservation, reflection: str, labels: Sequence[str], order: Sequence[int]
+    obs: TextObservation,
+    reflection: str,
+    labels: Sequence[str],
+    order: Sequence[int],
+    show_menu: bool = True,
 ) -> Prompt:
-    menu = render_menu(obs.actions, labels, order)
-    tail = f"{ANALYZE_MARKER}{reflection.strip()}{MENU_HEADER}{menu}{ACTION_MARKER}"
+    menu = menu_block(obs, labels, order, show_menu)
+    tail = f"{ANALYZE_MARKER}{reflection.strip()}{menu}{ACTION_MARKER}"
     return Prompt(f"{obs.instruction}\n", obs.observation, tail)
 
 
 def no_reflection_parts(
-    obs: TextObservation, labels: Sequence[str], order: Sequence[int]
+    obs: TextObservation, labels: Sequence[str], order: Sequence[int], show_menu: bool = True
 ) -> Prompt:
-    menu = render_menu(obs.actions, labels, order)
-    return Prompt(f"{obs.instruction}\n", obs.observation, f"{MENU_HEADER}{menu}{ACTION_MARKER}")
+    menu = menu_block(obs, labels, order, show_menu)
+    return Prompt(f"{obs.instruction}\n", obs.observation, f"{menu}{ACTION_MARKER}")
 
 
 def prompt_head(obs: TextObservation) -> str:

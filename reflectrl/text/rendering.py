@@ -63,6 +63,7 @@ class PromptRenderer:
         self.reflection_budget = r.max_model_len - r.max_tokens - REFLECTION_MARGIN
         self.reflection_room = config.env.max_prompt_tokens - r.max_tokens
         self.max_prompt_tokens = config.env.max_prompt_tokens
+        self.show_menu = config.policy.show_menu
 
     def reflection_prompt(self, env: TextEnv, obs: TextObservation) -> ReflectionPrompt:
         """The prompt the reflection model reads for `obs` (env's current state)."""
@@ -98,8 +99,8 @@ class PromptRenderer:
         self, obs: TextObservation, reflection: str | None, order: Sequence[int]
     ) -> prompts.Prompt:
         if reflection is None:
-            return prompts.no_reflection_parts(obs, self.labels, order)
-        return prompts.policy_parts(obs, reflection, self.labels, order)
+            return prompts.no_reflection_parts(obs, self.labels, order, self.show_menu)
+        return prompts.policy_parts(obs, reflection, self.labels, order, self.show_menu)
 
     def _fits_before_reflection(self, obs: TextObservation) -> bool:
         """Before the reflection is known: the reflection prompt fits the server, and the policy
@@ -108,7 +109,7 @@ class PromptRenderer:
         if count_tokens(self.reflection_tokenizer, text) > self.reflection_budget:
             return False
         order = list(range(len(obs.actions)))
-        policy = prompts.policy_parts(obs, "", self.labels, order).text
+        policy = self._policy_parts(obs, "", order).text
         return count_tokens(self.tokenizer, policy) <= self.reflection_room
 
 
