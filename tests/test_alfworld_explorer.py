@@ -9,6 +9,7 @@ observable expert must act and reflect the same until it opens one of the two re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -87,6 +88,36 @@ def test_sight_reads_only_the_screen_and_history() -> None:
     assert parse_goal(s.task).task_type == "pick_heat_then_place_in_recep"
 
 
+def test_summary_carries_every_fact_the_expert_reads_beyond_the_window() -> None:
+    """`env.options.memory`'s block: what the whole history showed, so a prompt with the last
+    few pairs still holds each fact `decide` reads (the first pairs here are out of a window of
+    one pair)."""
+    history = [
+        ("go to countertop 1", ARRIVE_ON.format("countertop 1", "a mug 1, and a apple 2")),
+        ("go to sidetable 1", ARRIVE_ON.format("sidetable 1", "a desklamp 1")),
+        ("use desklamp 1", "You turn on the desklamp 1."),
+        ("go to fridge 1", ARRIVE_CLOSED.format("fridge 1")),
+        ("go to cabinet 1", ARRIVE_CLOSED.format("cabinet 1")),
+        ("open cabinet 1", OPEN.format("cabinet 1", "a apple 1")),
+        ("take apple 1 from cabinet 1", "You pick up the apple 1 from the cabinet 1."),
+        ("go to sinkbasin 1", "You arrive at sinkbasin 1. On the sinkbasin 1, you see nothing."),
+        ("clean apple 1 with sinkbasin 1", "You clean the apple 1 using the sinkbasin 1."),
+    ]
+    full = sight("put a clean apple in fridge", history)
+    assert full.summary() == (
+        "At: sinkbasin 1. Holding: apple 1.\n"
+        "Searched: cabinet 1 (empty); countertop 1 (mug 1, apple 2); sidetable 1 (desklamp 1); "
+        "sinkbasin 1 (empty).\n"
+        "Not searched: cabinet 2, fridge 1, microwave 1.\n"
+        "Closed: fridge 1. Opened: cabinet 1.\n"
+        "Cleaned, heated or cooled: apple 1. Turned on: desklamp 1."
+    )
+    assert "Holding: nothing" in sight("put a clean apple in fridge", history[:1]).summary()
+    # The window alone gives another decision than the whole episode: the summary is needed.
+    window = sight("put a clean apple in fridge", history[-1:])
+    assert explore(window, prior()) != explore(full, prior()) == "go to fridge 1"
+
+
 def test_search_order_follows_the_prior_per_step_and_respects_the_menu() -> None:
     task = "put some apple on sidetable"
     first = decide(sight(task, []), prior())
@@ -155,8 +186,12 @@ def play(env: AlfWorldEnv, demo: ObservableDemonstrator) -> tuple[bool, int]:
     prior_ = demo.prior(env)
     done, won, steps = False, False, 0
     while not done:
-        command = explore(sight_of(env), prior_)
+        seen = sight_of(env)
+        command = explore(seen, prior_)
         assert command in env.menu  # on the menu, every step
+        # Decided from what the sight derived, never from the raw pairs: so the memory
+        # block's summary and the menu carry all of it (env.options.memory).
+        assert explore(dataclasses.replace(seen, history=()), prior_) == command
         _, _, terminated, truncated, info = env.step(demo.expert(env))
         done, won, steps = terminated or truncated, bool(info["success"]), steps + 1
     return won, steps
@@ -170,6 +205,23 @@ def test_observable_expert_wins_real_games(data_dir: Path) -> None:
             env.reset(options={"game": i})
             won, steps = play(env, demo)
             assert won and steps <= 40, (game.path, steps)
+
+
+def test_memory_option_shows_the_summary_in_the_observation(data_dir: Path) -> None:
+    demo = ObservableDemonstrator()
+    observations = {}
+    for memory in (False, True):
+        env = AlfWorldEnv(AlfWorldOptions(data_dir=str(data_dir), memory=memory, history=1))
+        first, _ = env.reset(options={"game": 0})
+        for _ in range(3):
+            obs, *_ = env.step(demo.expert(env))
+        observations[memory] = (first.observation, obs.observation, sight_of(env).summary())
+    (first, plain, _), (first_memory, shown, summary) = observations[False], observations[True]
+    assert first == first_memory  # nothing seen yet: no block
+    assert "What you know so far:" not in plain
+    assert shown == plain.replace(
+        "\nYour last actions", f"\nWhat you know so far:\n{summary}\n\nYour last actions", 1
+    )
 
 
 def hiding_place(path: Path) -> tuple[str, str, str] | None:

@@ -29,6 +29,7 @@ from gymnasium import spaces
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from reflectrl.envs.alfworld.engine import Engine, capped_menu, split_intro
+from reflectrl.envs.alfworld.explorer import Sight
 from reflectrl.envs.alfworld.games import (
     GameDataError,
     GameEntry,
@@ -59,6 +60,10 @@ class AlfWorldOptions(BaseModel):
     max_steps: int = Field(50, gt=0)  # commands per episode (ALFWorld's usual budget)
     max_actions: int = Field(DEFAULT_MAX_ACTIONS, ge=2)  # menu cap, the policy's K (labels)
     history: int = Field(4, ge=1)  # (command, engine text) pairs shown, most recent last
+    # Also show what the whole episode has shown (`Sight.summary`: where things were seen,
+    # what is open, held, searched): the observable expert decides from all of it, and
+    # without it the last `history` pairs alone hide some of its reasons.
+    memory: bool = False
     # When data_dir does not exist yet, generate this many games there first (as
     # `reflectrl alfworld-gen --n N --seed generate_seed` does); 0: never.
     generate_games: int = Field(0, ge=0)
@@ -265,6 +270,9 @@ class AlfWorldEnv(TextEnv):
         self, pairs: int | None = None, feedback_chars: int | None = None
     ) -> TextObservation:
         parts = [self._description]
+        if self._history and self.options.memory:
+            sight = Sight.observe(self.task, self._description, self._history, self.menu)
+            parts.append(f"\nWhat you know so far:\n{sight.summary()}")
         if self._history:
             shown = self._history[-(pairs or self.options.history) :]
             hidden = len(self._history) - len(shown)

@@ -183,6 +183,30 @@ class Sight:
     def unsearched(self) -> list[str]:
         return [r for r in self.receptacles if r not in self.seen]
 
+    def summary(self) -> str:
+        """What the whole episode has shown, in a few lines: every fact `decide` reads besides
+        the task, the room and the menu (where it is, what it holds, what each searched
+        receptacle held, what is closed or open, what it cleaned, heated or cooled, the lamps
+        it turned on, what it has not searched). A prompt that shows only the last few pairs
+        carries the rest of the episode in it (`env.options.memory`)."""
+
+        def listed(names: Iterable[str]) -> str:
+            return ", ".join(sorted(names, key=_natural)) or "none"
+
+        searched = [
+            f"{r} ({', '.join(self.seen[r]) or 'empty'})" for r in sorted(self.seen, key=_natural)
+        ]
+        return "\n".join(
+            [
+                f"At: {self.location or 'the start'}. Holding: {self.holding or 'nothing'}.",
+                f"Searched: {'; '.join(searched) or 'none'}.",
+                f"Not searched: {listed(self.unsearched())}.",
+                f"Closed: {listed(self.closed)}. Opened: {listed(self.opened)}.",
+                f"Cleaned, heated or cooled: {listed(self.changed)}. "
+                f"Turned on: {listed(self.lamps_on)}.",
+            ]
+        )
+
 
 @dataclass(frozen=True)
 class Decision:
