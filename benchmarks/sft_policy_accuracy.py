@@ -2,8 +2,9 @@
 data (the episodes SFT kept for its eval loss), with the expert's own reflections in the prompt.
 
 Where the reflection quotes the very command the row teaches ("... Now do "cat auto.py"."), the
-policy only has to find that command on the menu and answer its label: a copy. Per-step
-accuracy compounds over an episode, so this bounds what the SFT players can start RL from.
+policy only has to find that command on the menu and answer its label (the label head), or
+score that command's own text highest (`policy.action_head: text`): a copy. Per-step accuracy
+compounds over an episode, so this bounds what the SFT players can start RL from.
 
     python -m benchmarks.sft_policy_accuracy --run RUN [--name NAME]
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import print_table, write_results
+from benchmarks.common import print_table, text_head_scores, write_results
 from reflectrl.config import load_config
 from reflectrl.models.loading import load_causal_lm, load_tokenizer
 from reflectrl.text.prompts import ACTION_MARKER
@@ -26,8 +27,12 @@ from reflectrl.text.tokens import label_token_ids
 QUOTED = re.compile(r'"([^"]+)"')
 
 
-def menu_of(prompt: str) -> list[str]:
-    """The menu's commands, in label order."""
+def menu_of(row: dict) -> list[str]:
+    """The row's valid commands, in label order (read off its prompt in data made before rows
+    recorded their menu)."""
+    if "menu" in row:
+        return list(row["menu"])
+    prompt = row["prompt"]
     lines = prompt.rsplit("Valid actions:\n", 1)[1].rsplit(" # Action:", 1)[0].splitlines()
     return [line.split(". ", 1)[1] for line in lines]
 
@@ -44,10 +49,15 @@ def named_command(prompt: str) -> str | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--run", type=Path, required=True, help="a run with data/ and sft/policy")
+    parser.add_argument("--data", type=Path,
+                        help="the run's data made again by `reflectrl data --config "
+                        "RUN/config.yaml` (for runs whose rows predate the `menu` field and "
+                        "whose prompts leave the menu out; default: RUN/data)")  # fmt: skip
     parser.add_argument("--name", help="results file name (default: sft_policy_accuracy_<env>)")
     args = parser.parse_args()
     config = load_config(args.run / "config.yaml")
-    rows = [json.loads(line) for line in (args.run / "data" / "data.jsonl").open()]
+    data = args.data or args.run / "data"
+    rows = [json.loads(line) for line in (data / "data.jsonl").open()]
     rows = [r for r in rows if r["target"] == "sft_policy" and r["split"] == "eval"]
     policy_dir = args.run / "sft" / "policy"
     tokenizer = load_tokenizer(policy_dir)
@@ -55,12 +65,16 @@ def main() -> None:
     labels = config.policy.labels
     label_ids = label_token_ids(tokenizer, labels, ACTION_MARKER)
     groups: dict[str, list[tuple[bool, int]]] = {}
+    text_head = config.policy.action_head == "text"
     for row in rows:
-        menu = menu_of(row["prompt"])
+        menu = menu_of(row)
         ids = tokenizer.encode(row["prompt"], add_special_tokens=False)
         with torch.no_grad():
-            logits = model(torch.tensor([ids])).logits[0, -1]
-        pick = labels[int(torch.argmax(logits[label_ids[: len(menu)]]))]
+            if text_head:
+                scores = text_head_scores(model, tokenizer, [ids], [menu])[0][0]
+            else:
+                scores = model(torch.tensor([ids])).logits[0, -1][label_ids[: len(menu)]]
+        pick = labels[int(torch.argmax(scores))]
         taught = menu[labels.index(row["completion"])]
         named = named_command(row["prompt"])
         kind = (

@@ -89,6 +89,7 @@ def check_dataset(config: Any, out: Path, rate_bounds: tuple[float, float]) -> l
             lines = policy["prompt"].split("Valid actions:\n")[1].removesuffix(" # Action:\n")
             menu = dict(line.split(". ", 1) for line in lines.splitlines())
             assert menu[policy["completion"]] == policy["expert_action"]  # label = the expert
+            assert all(r["menu"] == list(menu.values()) for r in row.values())  # label order
             assert row["sft"]["completion"] == policy["completion"]
             if t > 0 and by_step[(e, t - 1)]["sft"]["perturbed"]:
                 assert policy["negative"]  # after a mistake: its reflection and the recovery

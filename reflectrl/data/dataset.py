@@ -12,7 +12,9 @@ reflection names the mistake and the recovery (those rows are `negative`). At
 spread over the curriculum stages; `data.eval_fraction` of them (whole episodes) are marked
 `split: eval` for SFT's eval loss.
 
-Output: `data.jsonl` (rows), `stats.json` (counts and token lengths).
+Every row also records the step's `menu` (the valid actions in label order), the expert's and
+the taken action's text, and flags. Output: `data.jsonl` (rows), `stats.json` (counts and
+token lengths).
 """
 
 from __future__ import annotations
@@ -124,6 +126,7 @@ def write_dataset(
                         "expert_action": step.expert_action,
                         "taken_action": step.taken_action,
                         "observation": step.observation,
+                        "menu": list(step.menu),
                     }
                     f.write(json.dumps(row) + "\n")
                     counts[f"rows_{target}"] += 1

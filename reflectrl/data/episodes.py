@@ -33,6 +33,7 @@ class Step:
     perturbed: bool = False
     wrong_hint: bool = False  # the policy row's reflection names a wrong next action
     observation: str = ""  # `TextObservation.digest()` of the state the step was taken in
+    menu: tuple[str, ...] = ()  # the valid actions in the menu's order (label i: menu[i])
 
 
 def clip_tokens(tokenizer: Any, text: str, max_tokens: int) -> str:
@@ -109,6 +110,7 @@ def episode_steps(
             perturbed=perturbed,
             wrong_hint=wrong_hint,
             observation=obs.digest(),
+            menu=tuple(obs.actions[j] for j in order),
         )
         before = demo.snapshot(env)
         action = obs.actions[take]
