@@ -7,6 +7,7 @@ run's evaluation plays (its split, views and stages), at each step:
 - the run's SFT policy picks an action twice: with that reflection in its prompt, and with the
   expert's own reflection (what SFT data shows it: the perfect hint).
 Per stage and in total:
+- hint_on_menu: the model's reflection quotes a command of the menu at all;
 - hint_is_expert: the model's hint is the expert's command;
 - policy_given_expert_hint: the policy picks the expert's command under the perfect hint;
 - policy_copies_hint: the policy picks whatever the model's hint names;
@@ -28,6 +29,7 @@ from typing import Any
 from benchmarks.common import print_table, text_head_scores, write_results
 
 STOPS = (" # Action", "\n\n")  # the reflection client's stop strings
+COUNTS = ("steps", "on_menu", "hint", "expert_hint", "copies", "model_hint", "routes_all_right")
 
 
 def hinted(text: str, menu: list[str]) -> str | None:
@@ -106,9 +108,7 @@ def measure(run: Path, max_starts: int | None) -> list[dict[str, Any]]:
     for stage in stages:
         env.set_stage(stage)
         starts = (held_out_starts(config, stage) or [])[:max_starts]
-        counts = dict.fromkeys(
-            ("steps", "hint", "expert_hint", "copies", "model_hint", "routes_all_right"), 0
-        )
+        counts = dict.fromkeys(COUNTS, 0)
         for start in starts:
             obs, _ = env.reset(options={"start": start})
             all_right = True
@@ -122,6 +122,7 @@ def measure(run: Path, max_starts: int | None) -> list[dict[str, Any]]:
                 pick = players.pick(ours, menu)
                 right = pick == step.expert_action
                 counts["steps"] += 1
+                counts["on_menu"] += hint is not None
                 counts["hint"] += hint == step.expert_action
                 counts["expert_hint"] += (
                     players.pick(step.policy_prompt, menu) == step.expert_action
@@ -146,6 +147,7 @@ def row_of(run: str, stage: str, starts: int, counts: dict[str, int]) -> dict[st
         "stage": stage,
         "starts": starts,
         "steps": counts["steps"],
+        "hint_on_menu": counts["on_menu"] / steps,
         "hint_is_expert": counts["hint"] / steps,
         "policy_given_expert_hint": counts["expert_hint"] / steps,
         "policy_copies_hint": counts["copies"] / steps,
