@@ -27,15 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import print_table, text_head_scores, write_results
+from benchmarks.reflection_accuracy import STOPS
+from benchmarks.reflection_accuracy import hint as hinted  # the last menu command quoted
 
-STOPS = (" # Action", "\n\n")  # the reflection client's stop strings
 COUNTS = ("steps", "on_menu", "hint", "expert_hint", "copies", "model_hint", "routes_all_right")
-
-
-def hinted(text: str, menu: list[str]) -> str | None:
-    """The menu command the reflection quotes last, or None."""
-    position, command = max((text.rfind(f'"{a}"'), a) for a in menu)
-    return command if position >= 0 else None
 
 
 class Players:
