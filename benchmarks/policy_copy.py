@@ -10,7 +10,9 @@ the same way). Equal steps, equal batch, one seed: trunks differ only in shape.
 
 Trunks: `recipe` is the config's `policy.model` as built (`scratch:<env>`: 2 layers x 128,
 2 heads, RoPE); `llama_2x128_4h` splits the same width into 4 heads; `llama_4x128` doubles the
-depth; `gpt2` is the recipe's size with learned absolute positions.
+depth; `gpt2` is the recipe's size with learned absolute positions; `llama_copy` is the recipe's
+trunk after the generic copy and lookup pretraining (`<policy.model>:llama_copy`,
+reflectrl/data/pretrain.py).
 
     python -m benchmarks.policy_copy --data DIR [--config configs/auto_explore_cpu.yaml]
         [--trunk recipe ...] [--steps 500] [--every 100] [--prompt-loss W] [--name FILE]
@@ -47,7 +49,7 @@ from benchmarks.common import (
 from reflectrl.text.prompts import ACTION_MARKER, ANALYZE_MARKER, MENU_HEADER, render_menu
 
 REPO = Path(__file__).resolve().parents[1]
-TRUNKS = ("recipe", "llama_2x128_4h", "llama_4x128", "gpt2")
+TRUNKS = ("recipe", "llama_2x128_4h", "llama_4x128", "gpt2", "llama_copy")
 BATCH = 32
 QUOTED = re.compile(r' "([^"]+)"')
 
@@ -204,9 +206,12 @@ def learning_curve(name: str, args: argparse.Namespace) -> dict[str, Any]:
     from reflectrl.text.tokens import label_token_ids
 
     config = load_config(args.config)
-    model_dir = (
-        vocab_model(args.data, args.vocab) if args.vocab else resolve_model(config.policy.model)
-    )
+    if args.vocab:
+        model_dir = vocab_model(args.data, args.vocab)
+    elif name == "llama_copy":
+        model_dir = resolve_model(f"{config.policy.model}:llama_copy")
+    else:
+        model_dir = resolve_model(config.policy.model)
     tokenizer = load_tokenizer(model_dir)
     labels = config.policy.labels
     label_ids = torch.tensor(label_token_ids(tokenizer, labels, ACTION_MARKER))
@@ -218,7 +223,7 @@ def learning_curve(name: str, args: argparse.Namespace) -> dict[str, Any]:
     )  # fmt: skip
     reorder = random.Random(0) if args.reorder_menus else None
     pad = tokenizer.pad_token_id
-    trunk = build_trunk(name, model_dir, len(tokenizer))
+    trunk = build_trunk("recipe" if name == "llama_copy" else name, model_dir, len(tokenizer))
     optimizer = torch.optim.AdamW(trunk.parameters(), lr=args.lr)
     draw = torch.Generator().manual_seed(0)
     curve, started = [], time.perf_counter()
@@ -282,7 +287,8 @@ def main() -> None:
     parser.add_argument("--data", type=Path, required=True, help="a `reflectrl data` folder")
     parser.add_argument("--config", type=Path, default=REPO / "configs" / "auto_explore_cpu.yaml",
                         help="the config that made the data (labels, policy.model)")  # fmt: skip
-    parser.add_argument("--trunk", action="append", choices=TRUNKS, help="default: all")
+    parser.add_argument("--trunk", action="append", choices=TRUNKS,
+                        help="default: all but llama_copy")  # fmt: skip
     parser.add_argument("--steps", type=int, default=500, help="supervised steps per trunk")
     parser.add_argument("--every", type=int, default=100, help="score every this many steps")
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -310,7 +316,8 @@ def main() -> None:
     started = time.perf_counter()
     command = "python -m benchmarks.policy_copy " + " ".join(sys.argv[1:])
     rows: list[dict[str, Any]] = []
-    for trunk in args.trunk or TRUNKS:  # results written after each trunk: a long grid keeps them
+    # Results written after each trunk: a long grid keeps them.
+    for trunk in args.trunk or TRUNKS[:4]:
         rows.append(learning_curve(trunk, args))
         payload = {"command": command.strip(), "data": str(args.data), "rows": rows,
                    "wall_s": round(time.perf_counter() - started)}  # fmt: skip

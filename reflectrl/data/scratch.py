@@ -29,7 +29,11 @@ SCRATCH_PREFIX = "scratch:"
 SCRATCH_RECIPE = "scratch-llama-v1"
 # gpt2_cells: the GPT-2 over a tokenizer that gives every space and punctuation mark its own
 # token, so each cell of a text grid is one token at a fixed position.
-ARCHITECTURES = ("llama", "gpt2", "gpt2_cells")
+# llama_copy: the Llama after a short generic pretraining on synthetic copy and lookup text
+# (reflectrl/data/pretrain.py), so SFT starts from a trunk that can copy a name it saw.
+ARCHITECTURES = ("llama", "gpt2", "gpt2_cells", "llama_copy")
+PRETRAIN_STEPS = 2000
+PRETRAIN_SEED = 0
 VOCAB_SIZE = 512
 CORPUS_SEED = 1234
 SPECIALS = ("<|endoftext|>", "<|pad|>")
@@ -124,6 +128,30 @@ def build(out: Path, env_name: str, arch: str, cache: Path, count_tokenizer: Any
     env's corpus config is cached under `cache`."""
     from reflectrl.models.loading import save_random_gpt2, save_random_llama
 
-    save = save_random_llama if arch == "llama" else save_random_gpt2
+    save = save_random_gpt2 if arch.startswith("gpt2") else save_random_llama
     texts = corpus(env_name, cache, count_tokenizer)
     save(train_tokenizer(texts, cells=arch == "gpt2_cells"), out)
+    if arch == "llama_copy":
+        pretrain_copy(out)
+
+
+def pretrain_copy(
+    model_dir: Path, steps: int = PRETRAIN_STEPS, batch_rows: int = 16, scored_per_kind: int = 64
+) -> None:
+    """Pretrain the model in `model_dir` on synthetic copy and lookup text, in place; its
+    figures go to `pretrain.json` beside the weights."""
+    import json
+    import sys
+    from dataclasses import asdict
+
+    from reflectrl.data.pretrain import pretrain
+    from reflectrl.models.loading import load_causal_lm, load_tokenizer
+
+    tokenizer = load_tokenizer(model_dir)
+    model = load_causal_lm(model_dir)
+    result = pretrain(
+        model, tokenizer, steps, PRETRAIN_SEED, batch_rows,
+        log=lambda m: print(m, file=sys.stderr, flush=True), scored_per_kind=scored_per_kind,
+    )  # fmt: skip
+    model.save_pretrained(model_dir)
+    (model_dir / "pretrain.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
