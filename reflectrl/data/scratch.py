@@ -140,10 +140,10 @@ def pretrain_copy(
 ) -> None:
     """Pretrain the model in `model_dir` on synthetic copy and lookup text, in place; its
     figures go to `pretrain.json` beside the weights."""
-    import json
     import sys
     from dataclasses import asdict
 
+    from reflectrl.atomic_files import write_json
     from reflectrl.data.pretrain import pretrain
     from reflectrl.models.loading import load_causal_lm, load_tokenizer
 
@@ -154,4 +154,4 @@ def pretrain_copy(
         log=lambda m: print(m, file=sys.stderr, flush=True), scored_per_kind=scored_per_kind,
     )  # fmt: skip
     model.save_pretrained(model_dir)
-    (model_dir / "pretrain.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
+    write_json(model_dir / "pretrain.json", asdict(result))
