@@ -330,6 +330,11 @@ class SFTSettings(Strict):
     # The reflection model's steps, when it needs more than the policy (it writes whole
     # sentences; the policy one label). None: `max_steps`.
     reflection_max_steps: int | None = Field(None, ge=1)
+    # The reflection's training loss weighs the tokens of the command its completion quotes
+    # last (the expert's next action) this many times each other token: a one-token slip
+    # there misleads the policy, one in the analysis does not. 1: the plain completion loss
+    # (the held-out loss is always the plain one).
+    reflection_command_weight: float = Field(1.0, gt=0)
     batch_size: int = Field(8, ge=1)
     warmup_steps: int = Field(0, ge=0)
     logging_steps: int = Field(10, ge=1)

@@ -105,6 +105,10 @@ def test_help_lists_the_launch_options() -> None:
             ["--config", SMOKE, "--set", "policy.action_max_tokens=1"],
             ["policy.action_max_tokens", "greater than or equal to 2"],
         ),
+        (
+            ["--config", SMOKE, "--set", "sft.reflection_command_weight=0"],
+            ["sft.reflection_command_weight", "greater than 0"],
+        ),
     ],
 )
 def test_bad_input_before_anything_starts(

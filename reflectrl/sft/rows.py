@@ -62,8 +62,25 @@ def load_rows(data_dir: Path, target: str) -> tuple[list[dict[str, Any]], list[d
 
 @dataclass
 class Encoded:
-    examples: list[dict[str, list[int]]]  # {"input_ids", "labels"} per row
+    # {"input_ids", "labels"} per row, and "loss_weights" (one per label) when weighed
+    examples: list[dict[str, Any]]
     skipped: int  # rows whose prompt exceeds the player's budget
+
+
+def quoted_command_span(tokenizer: Any, completion: str, command: str) -> tuple[int, int] | None:
+    """Where, among the ids of `completion`, the last `"command"` it quotes sits: the tokens
+    between the quotes, as (start, end). None when it quotes none, or when the command's first
+    or last token also holds a character outside it (then no token is the command's alone)."""
+    quoted = f'"{command}"'
+    at = completion.rfind(quoted)
+    if at < 0 or not command:
+        return None
+    ids = tokenizer.encode(completion, add_special_tokens=False)
+    before = tokenizer.encode(completion[: at + 1], add_special_tokens=False)
+    upto = tokenizer.encode(completion[: at + len(quoted) - 1], add_special_tokens=False)
+    if ids[: len(upto)] != upto or upto[: len(before)] != before or len(upto) == len(before):
+        return None
+    return len(before), len(upto)
 
 
 def menu_action(prompt: str, label: str) -> str:
@@ -90,12 +107,15 @@ def encode_rows(
     max_prompt_tokens: int,
     single_token: bool,
     action_max_tokens: int | None = None,
+    command_weight: float = 1.0,
 ) -> Encoded:
     """Prompt ids + completion ids + EOS; labels are IGNORE over the prompt.
 
     `single_token`: the completion must be one token (a menu label), as the label head scores
     it. `action_max_tokens` (the text action head): the completion is the labelled action's
-    text, as the head scores it (EOS included, at most this many tokens).
+    text, as the head scores it (EOS included, at most this many tokens). `command_weight` (the
+    reflection) != 1: each row also gets `loss_weights`, 1 per completion token and this much
+    on the tokens of the expert's command that the completion quotes last.
     """
     if tokenizer.eos_token_id is None:
         raise ConfigError("the tokenizer has no EOS token; SFT needs one to end completions")
@@ -118,7 +138,16 @@ def encode_rows(
             continue
         if action_max_tokens is None:  # action_text_ids ends with EOS already
             completion = [*completion, int(tokenizer.eos_token_id)]
-        examples.append(
-            {"input_ids": prompt + completion, "labels": [IGNORE] * len(prompt) + completion}
-        )
+        example: dict[str, Any] = {
+            "input_ids": prompt + completion,
+            "labels": [IGNORE] * len(prompt) + completion,
+        }
+        if command_weight != 1.0:
+            weights = [0.0] * len(prompt) + [1.0] * len(completion)
+            span = quoted_command_span(tokenizer, row["completion"], str(row["expert_action"]))
+            if span is not None:
+                start, end = span
+                weights[len(prompt) + start : len(prompt) + end] = [command_weight] * (end - start)
+            example["loss_weights"] = weights
+        examples.append(example)
     return Encoded(examples, skipped)

@@ -42,6 +42,7 @@ def completion_loss(
     attention_mask: torch.Tensor,
     labels: torch.Tensor,
     num_items: int | torch.Tensor | None = None,
+    loss_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The causal-LM loss over the completion tokens (labels != IGNORE), multiplying the LM
     head only at the positions that predict them.
@@ -49,7 +50,8 @@ def completion_loss(
     Equal to the model's own loss with these labels, but a policy row has one label token in
     ~200 and the head of a 49k vocabulary dominates a small model's cost: the full logits were
     most of the work. `num_items`: the token count to average over (Trainer passes it so
-    gradient accumulation weighs tokens equally); by default this batch's.
+    gradient accumulation weighs tokens equally); by default this batch's. `loss_weights` (one
+    per label): the batch's weighted mean instead (`sft.reflection_command_weight`).
     """
     from peft import PeftModel
 
@@ -59,8 +61,30 @@ def completion_loss(
     targets = labels[:, 1:]  # position t predicts token t + 1
     keep = targets != IGNORE
     logits = causal.get_output_embeddings()(hidden.last_hidden_state[:, :-1][keep])
+    if loss_weights is not None:
+        weights = loss_weights[:, 1:][keep]
+        losses = torch.nn.functional.cross_entropy(logits.float(), targets[keep], reduction="none")
+        return (losses * weights).sum() / weights.sum()
     total = torch.nn.functional.cross_entropy(logits.float(), targets[keep], reduction="sum")
     return total / (keep.sum() if num_items is None else num_items)
+
+
+class WeightedBatches:
+    """TRL's collator, plus the rows' `loss_weights` padded with 0 (TRL's drops other keys)."""
+
+    def __init__(self, collate: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> None:
+        self.collate = collate
+
+    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        batch = self.collate(
+            [{k: v for k, v in row.items() if k != "loss_weights"} for row in examples]
+        )
+        if "loss_weights" in examples[0]:
+            weights = torch.zeros(batch["labels"].shape, dtype=torch.float32)
+            for i, row in enumerate(examples):
+                weights[i, : len(row["loss_weights"])] = torch.tensor(row["loss_weights"])
+            batch["loss_weights"] = weights
+        return batch
 
 
 def finished(out: Path, player: Player) -> dict[str, Any] | None:
@@ -82,12 +106,15 @@ def _trainer_class() -> type:
             return_outputs: bool = False,
             num_items_in_batch: int | torch.Tensor | None = None,
         ) -> Any:
+            # The weights shape training only: the held-out loss stays the plain one.
+            weights = inputs.get("loss_weights") if model.training else None
             loss = completion_loss(
                 self.accelerator.unwrap_model(model),
                 inputs["input_ids"],
                 inputs["attention_mask"],
                 inputs["labels"],
                 num_items_in_batch,
+                weights,
             )
             return (loss, {"loss": loss}) if return_outputs else loss
 
@@ -201,7 +228,8 @@ def build_trainer(
     single = player == "policy"
     text_head = single and config.policy.action_head == "text"
     action_tokens = config.policy.action_max_tokens if text_head else None
-    train = encode_rows(train_rows, tokenizer, budget, single, action_tokens)
+    weight = settings.reflection_command_weight if player == "reflection" else 1.0
+    train = encode_rows(train_rows, tokenizer, budget, single, action_tokens, weight)
     held = encode_rows(eval_rows, tokenizer, budget, single, action_tokens)
     if not train.examples:
         raise ConfigError(f"every {target} row is longer than {budget} tokens; raise the budget")
@@ -231,6 +259,7 @@ def build_trainer(
         # A bar on a terminal; elsewhere (a Ray task, a log file) one line per logging step.
         disable_tqdm=not (progress and sys.stderr.isatty()),
         prediction_loss_only=True,
+        remove_unused_columns=False,  # keeps `loss_weights`; the rows hold nothing else extra
     )
     train_set = Dataset.from_list(train.examples)
     eval_set = Dataset.from_list(held.examples) if held.examples else None
@@ -242,6 +271,7 @@ def build_trainer(
         eval_dataset=eval_set,
         processing_class=tokenizer,
     )
+    trainer.data_collator = WeightedBatches(trainer.data_collator)
     if args.disable_tqdm:
         trainer.remove_callback(PrinterCallback)  # it prints raw log dicts
         if progress:
