@@ -21,7 +21,7 @@ endif
 # A venv per set of extras: switching stacks reinstalls.
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: install run smoke test lint bench clean resolve
+.PHONY: install run smoke test lint bench docs clean resolve
 
 install: $(STAMP)
 
@@ -80,5 +80,10 @@ bench: install
 	$(BIN)/python -m benchmarks.auto_explore
 	$(BIN)/python -m benchmarks.alfworld
 
+# The documentation site (mkdocs, Material theme) into site/; fails on a broken link or an
+# undocumented config key.
+docs: install
+	$(BIN)/python -m mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache site

@@ -2,8 +2,8 @@
 
 Real RLlib pieces in this process (`tests/support/in_process.py`): the EnvRunner samples our vector
 env with our RLModule; the learner's connector pipeline builds the train batch. These tests
-fail if RLlib changes the behaviour we rely on (README, "What RLlib does with a batch"), or if
-our faster update path stops computing what RLlib's own path computes.
+fail if RLlib changes the behaviour we rely on (docs/architecture.md, "What RLlib does with a
+batch"), or if our faster update path stops computing what RLlib's own path computes.
 """
 
 from __future__ import annotations
