@@ -1,5 +1,5 @@
 """mkdocs hook: the configuration reference, generated from the pydantic models of
-`reflectrl/config.py` at build time.
+`reflectrl/config/` at build time.
 
 `docs/configuration.md` holds the marker below; this hook replaces it with one table per
 section of `ReflectRLConfig`: every dotted key (nested models flattened, list items as
@@ -72,7 +72,7 @@ def rows(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str, str, 
         if not description:
             raise MissingDescription(
                 f"config key {key} ({model.__name__}.{name}) has no description: add a docstring "
-                "on the line after the field in reflectrl/config.py"
+                "on the line after the field in reflectrl/config/"
             )
         nested, suffix = _model_of(field.annotation)
         if nested is not None:
