@@ -8,6 +8,7 @@ A writer killed at any point leaves the previous file whole; what it leaves behi
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -48,15 +49,19 @@ def write_json(path: Path, data: Any) -> None:
 
 
 @contextmanager
-def atomic_dir(path: Path) -> Iterator[Path]:
+def atomic_dir(path: Path, replace: bool = True) -> Iterator[Path]:
     """A fresh temporary folder beside `path` to build in; renamed to `path` (replacing an
-    older one) when the block ends without error, removed otherwise."""
+    older one; with `replace=False` only an empty one, see `place_dir`) when the block ends
+    without error, removed otherwise."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
     try:
         yield tmp
-        replace_dir(tmp, path)
+        if replace:
+            replace_dir(tmp, path)
+        else:
+            place_dir(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -72,3 +77,17 @@ def replace_dir(built: Path, path: Path) -> None:
     os.replace(built, path)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def place_dir(built: Path, path: Path) -> None:
+    """Rename the complete folder `built` to `path` unless `path` holds something. One rename
+    decides it (it succeeds over an absent or empty folder and fails over anything else), so
+    nothing written to `path` meanwhile is ever replaced: FileExistsError instead."""
+    try:
+        os.rename(built, path)
+    except OSError as err:
+        if err.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+            raise FileExistsError(
+                errno.EEXIST, "exists and is not an empty folder", str(path)
+            ) from err
+        raise

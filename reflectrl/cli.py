@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "reflectrl.data.commands",
     "reflectrl.sft.commands",
     "reflectrl.evaluation.commands",
+    "reflectrl.evaluation.export",
     "reflectrl.experiment.commands",
     "reflectrl.envs.auto_explore.commands",
     "reflectrl.envs.alfworld.commands",

@@ -164,3 +164,165 @@ def test_eval_samples_distinct_starts_when_asked_for_fewer() -> None:
     assert held_out_starts(config, "full") == picked  # seeded
     config.eval.episodes = 100
     assert len(held_out_starts(config, "full") or []) == 60  # all of them, once
+
+
+@pytest.fixture(scope="module")
+def checkpointed_run(sft_policy: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run directory after SFT (this module's SFT policy and a reflection adapter trained on
+    the same data) and one RL checkpoint whose LoRA and value head moved off the SFT policy's,
+    with an `eval_before_rl.json`."""
+    import json
+    import shutil
+
+    from reflectrl.atomic_files import write_json, write_text
+    from reflectrl.config import dump_config
+    from reflectrl.data.model_dirs import resolve_model
+    from reflectrl.models.policy import build_policy
+    from reflectrl.run_dir import rl_config
+    from reflectrl.sft.trainer import train_player
+    from tests.helpers import perturb
+
+    run = tmp_path_factory.mktemp("export") / "run"
+    config = load_config(SMOKE, ["sft.max_steps=4", "run.iterations=1"])
+    write_text(run / "config.yaml", dump_config(config))
+    train_player(config, sft_policy.parents[1] / "data", "reflection", run / "sft", progress=False)
+    shutil.copytree(sft_policy, run / "sft" / "policy")
+    write_json(run / "stages" / "sft.json", {"stage": "sft"})
+    derived = rl_config(config, run)
+    plain = load_config(SMOKE, ["reflection.enabled=false"])  # (only the label tokens)
+    env = ReflectRLVectorEnv(plain, load_tokenizer_of(derived), None, num_envs=1)
+    policy = build_policy(
+        derived.policy, resolve_model("tiny"), env.label_ids, 0, for_rollouts=False
+    )
+    policy.load_sft_adapter(run / "sft" / "policy")
+    perturb(policy, seed=1)
+    policy.save_adapter(run / "checkpoints" / "iter_1" / "adapter")
+    write_json(run / "checkpoints" / "iter_1" / "reflectrl_state.json", {"iteration": 1})
+    write_text(run / "checkpoints" / "latest", "iter_1")
+    write_json(run / "stages" / "rl.json", {"stage": "rl", "iterations": 1})
+    records = [
+        {"stage": "full", "success": s, "episode_return": 0.0, "length": 3} for s in (1, 0, 0)
+    ]
+    report = {"split": "test", "episodes_per_stage": 3, "seed": 0}
+    write_json(run / "eval_before_rl.json", {**report, "greedy": grouped(records[:1]),
+                                              "sampled": grouped(records)})  # fmt: skip
+    assert json.loads((run / "eval_before_rl.json").read_text())["sampled"]["all"]["episodes"] == 3
+    return run
+
+
+def load_tokenizer_of(config: Any) -> Any:
+    from reflectrl.data.model_dirs import resolve_model
+    from reflectrl.models.loading import load_tokenizer
+
+    return load_tokenizer(resolve_model(config.policy.model))
+
+
+def test_export_writes_players_that_plain_transformers_scores_as_reflectrl_does(
+    checkpointed_run: Path, tmp_path: Path
+) -> None:
+    """`reflectrl export`: the merged policy, loaded with transformers alone, gives every
+    held-out menu the label probabilities (and values) the run's policy gives as eval loads
+    it; the merged reflection the logits of base + SFT adapter."""
+    import torch
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from reflectrl.data.model_dirs import resolve_model
+    from reflectrl.evaluation.export import final_source
+    from reflectrl.evaluation.runner import eval_config, run_policy
+    from reflectrl.models.loading import load_causal_lm
+    from reflectrl.models.policy import build_policy
+    from reflectrl.text.prompts import ACTION_MARKER
+
+    run, out = checkpointed_run, tmp_path / "export"
+    done = reflectrl("export", str(run), "--out", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"wrote {out / 'policy'}" in done.stdout and f"wrote {out / 'reflection'}" in done.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]  # no build left behind
+
+    # The run's own policy, as `reflectrl eval --run` loads it.
+    config = load_config(run / "config.yaml")
+    derived, source = run_policy(run, config)
+    assert source.checkpoint_adapter == run / "checkpoints" / "iter_1" / "adapter"
+    # Stopped during RL: its latest checkpoint too.
+    marker = run / "stages" / "rl.json"
+    marker.rename(run / "rl.json.aside")
+    try:
+        assert final_source(run, config)[1].checkpoint_adapter == source.checkpoint_adapter
+    finally:
+        (run / "rl.json.aside").rename(marker)
+    held_out = eval_config(load_config(run / "config.yaml", ["reflection.enabled=false"]))[0]
+    env = ReflectRLVectorEnv(held_out, load_tokenizer_of(derived), None, num_envs=4)
+    env.set_stage("full")
+    ours = build_policy(derived.policy, resolve_model("tiny"), env.label_ids, 0, for_rollouts=True)
+    source.load_into(ours)
+    ours.eval()
+
+    plain = AutoModelForCausalLM.from_pretrained(out / "policy")
+    tokenizer = AutoTokenizer.from_pretrained(out / "policy")
+    labels = [tokenizer.encode(ACTION_MARKER + x, add_special_tokens=False)[-1] for x in "1234"]
+    assert labels == env.label_ids[:4]  # the card's recipe finds the label tokens
+    head = load_file(str(out / "policy" / "value_head.safetensors"))
+    obs, _ = env.reset()
+    label_ids = torch.tensor(env.label_ids)
+    compared = 0
+    with torch.no_grad():
+        for _ in range(3):
+            batch = {k: torch.as_tensor(v) for k, v in obs.items()}
+            logits, hidden = ours.logits_and_hidden(batch)
+            expected = torch.softmax(logits, dim=-1)
+            ids, mask = batch["input_ids"], batch["attention_mask"]
+            rows, last = torch.arange(ids.shape[0]), mask.sum(dim=1) - 1
+            found = plain(input_ids=ids, attention_mask=mask).logits[rows, last][:, label_ids]
+            found = found.masked_fill(batch["option_mask"] <= 0, float("-inf"))
+            torch.testing.assert_close(torch.softmax(found, -1), expected, atol=1e-5, rtol=0)
+            state = plain.base_model(input_ids=ids, attention_mask=mask).last_hidden_state
+            value = state[rows, last] @ head["weight"].T + head["bias"]
+            torch.testing.assert_close(value.squeeze(-1), ours.value(hidden), atol=1e-5, rtol=0)
+            compared += ids.shape[0]
+            obs, *_ = env.step(expected.argmax(dim=-1).numpy())
+    assert compared == 12 and not torch.equal(head["weight"], torch.zeros_like(head["weight"]))
+
+    reflection = AutoModelForCausalLM.from_pretrained(out / "reflection")
+    served = PeftModel.from_pretrained(
+        load_causal_lm(resolve_model("tiny")), run / "sft" / "reflection"
+    )
+    ids = torch.as_tensor(obs["input_ids"][:2, :40])
+    with torch.no_grad():
+        torch.testing.assert_close(
+            reflection(input_ids=ids).logits.log_softmax(-1),
+            served(input_ids=ids).logits.log_softmax(-1),
+            atol=1e-5,
+            rtol=0,
+        )
+
+    card = (out / "policy" / "README.md").read_text()
+    for fact in ("eval_before_rl.json", "| greedy | 1.000", "| sampled | 0.333", "| 3 |",
+                 "Action head `label`", "value_head.safetensors", "```yaml\nenv:"):  # fmt: skip
+        assert fact in card, fact
+    assert "sft/reflection" in (out / "reflection" / "README.md").read_text()
+
+
+def test_export_cli_errors_are_one_line_and_never_overwrite(
+    checkpointed_run: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare" / "config.yaml").write_text(SMOKE.read_text())
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("keep me")
+    before = (taken / "notes.txt").stat().st_mtime_ns
+    cases = [
+        ([str(tmp_path / "nowhere"), "--out", str(tmp_path / "a")], "no config.yaml there"),
+        ([str(tmp_path / "bare"), "--out", str(tmp_path / "a")], "no SFT players"),
+        ([str(checkpointed_run), "--out", str(taken)], "exists and is not an empty folder"),
+    ]
+    for args, message in cases:
+        done = reflectrl("export", *args)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+    assert [p.name for p in taken.iterdir()] == ["notes.txt"]
+    assert (taken / "notes.txt").read_text() == "keep me"
+    assert (taken / "notes.txt").stat().st_mtime_ns == before
+    assert not (tmp_path / "a").exists()
