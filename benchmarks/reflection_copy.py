@@ -14,8 +14,16 @@ init); `llama_copy` is the same Llama after the generic copy and lookup pretrain
 (`scratch:auto_explore:llama_copy`, reflectrl/data/pretrain.py). A model directory is taken as
 it is.
 
+`--rename-files P`: a share P of the training rows (never the held-out ones) has its listing's
+files renamed, so that no name can be recalled from the training trees and the model has to
+copy it from the screen: each file whose name is not like the question's key (the observable
+expert's first criterion) gets a made-up name with the same suffix, the new names in the old
+names' alphabetical order (the expert's tie order), everywhere in the prompt and the
+reflection. The expert's command is the same command under the new names.
+
     python -m benchmarks.reflection_copy --data DIR [--trunk recipe --trunk llama_copy]
-        [--steps 1000] [--every 250] [--command-weight W] [--threads N] [--name FILE]
+        [--steps 1000] [--every 250] [--command-weight W] [--rename-files P] [--threads N]
+        [--name FILE]
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
+import re
 import sys
 import time
 from collections import Counter
@@ -42,31 +52,65 @@ def command_kind(command: str) -> str:
     return "cd .." if command == "cd .." else command.split(" ", 1)[0]
 
 
-def reflection_rows(data: Path, split: str, tokenizer: Any) -> list[tuple[Any, ...]]:
+def reflection_rows(
+    data: Path, split: str, tokenizer: Any, rename_share: float = 0.0
+) -> list[tuple[Any, ...]]:
     """(ids of prompt + completion, where the completion starts, where the last quoted expert
     command starts and ends, its kind) of every reflection row of `split` that quotes its
-    expert's command and fits the budget."""
+    expert's command and fits the budget, encoded as SFT encodes them; a share
+    `rename_share` of them with their files renamed (`renamed`, seeded)."""
+    from reflectrl.sft.rows import quoted_command_span
+
     rows = []
+    draw = random.Random(0)
     for line in (data / "data.jsonl").open():
         row = json.loads(line)
         if row["target"] != "sft_reflection" or row["split"] != split:
             continue
-        completion, quoted = row["completion"], f'"{row["expert_action"]}"'
-        at = completion.rfind(quoted)
-        if at < 0:
+        if rename_share and draw.random() < rename_share:
+            row = renamed(row, draw)
+        # Only rows whose command starts and ends on token boundaries (nearly all).
+        span = quoted_command_span(tokenizer, row["completion"], row["expert_action"])
+        if span is None:
             continue
         prompt = tokenizer.encode(row["prompt"], add_special_tokens=False)
-        before = tokenizer.encode(row["prompt"] + completion[: at + 1], add_special_tokens=False)
-        upto = tokenizer.encode(
-            row["prompt"] + completion[: at + len(quoted) - 1], add_special_tokens=False
-        )
-        ids = tokenizer.encode(row["prompt"] + completion, add_special_tokens=False)
-        ids.append(tokenizer.eos_token_id)
-        # Only rows whose command starts and ends on token boundaries (nearly all).
-        if len(ids) <= MAX_TOKENS and ids[: len(upto)] == upto and upto[: len(before)] == before:
+        completion = tokenizer.encode(row["completion"], add_special_tokens=False)
+        ids = [*prompt, *completion, tokenizer.eos_token_id]
+        if len(ids) <= MAX_TOKENS:
             kind = command_kind(row["expert_action"])
-            rows.append((ids, len(prompt), len(before), len(upto), kind))
+            rows.append((ids, len(prompt), len(prompt) + span[0], len(prompt) + span[1], kind))
     return rows
+
+
+NAME_SYLLABLES = ("ba", "ko", "ri", "tu", "me", "sa", "no", "vi", "da", "lu", "pe", "go", "zi")
+
+
+def renamed(row: dict[str, Any], draw: random.Random) -> dict[str, Any]:
+    """`row` with each listed file not like the question's key renamed (the docstring's
+    `--rename-files`), in its prompt, its reflection and its expert's command."""
+    from reflectrl.envs.auto_explore.explorer import resemblance
+
+    prompt = row["prompt"]
+    key = prompt.split("`", 2)[1] if prompt.count("`") >= 2 else ""
+    listing = prompt.split("\nContents:\n", 1)[1].split("\nCommands so far:", 1)[0]
+    files = [n for n in listing.split("\n") if "." in n[1:] and not n.endswith("/")]
+    old = sorted(n for n in files if not resemblance(n, key))
+    stems: set[str] = set()
+    while len(stems) < len(old):
+        stems.add("".join(draw.choice(NAME_SYLLABLES) for _ in range(draw.randint(2, 4))))
+    new = {}
+    for name, stem in zip(old, sorted(stems), strict=True):
+        new[name] = stem + name[name.index(".", 1) :]
+    if not new:
+        return row
+    pattern = re.compile(
+        r"(?<![\w./-])("
+        + "|".join(map(re.escape, sorted(new, key=len, reverse=True)))
+        + r")(?![\w/-]|\.\w)"
+    )
+    swap = lambda text: pattern.sub(lambda m: new[m.group(1)], text)  # noqa: E731
+    return {**row, "prompt": swap(prompt), "completion": swap(row["completion"]),
+            "expert_action": swap(row["expert_action"])}  # fmt: skip
 
 
 def padded(rows: list[Any], pad: int) -> tuple[Any, Any]:
@@ -123,7 +167,7 @@ def learning_curve(name: str, args: argparse.Namespace) -> dict[str, Any]:
     model_dir = resolve_model(TRUNKS[name]) if name in TRUNKS else Path(name)
     tokenizer = load_tokenizer(model_dir)
     model = load_causal_lm(model_dir)
-    train = reflection_rows(args.data, "train", tokenizer)
+    train = reflection_rows(args.data, "train", tokenizer, args.rename_files)
     held_out = reflection_rows(args.data, "eval", tokenizer)
     pad = tokenizer.pad_token_id
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
@@ -159,6 +203,7 @@ def learning_curve(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "trunk": name,
         "model": TRUNKS.get(name, name),
         "command_weight": args.command_weight,
+        "rename_files": args.rename_files,
         "pretrain": json.loads(pretrained.read_text()) if pretrained.is_file() else None,
         "train_rows": len(train),
         "held_out_rows": len(held_out),
@@ -180,6 +225,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--command-weight", type=float, default=1.0,
                         help="weight of the quoted command in the loss (1: SFT's)")  # fmt: skip
+    parser.add_argument("--rename-files", type=float, default=0.0,
+                        help="share of training rows with their files renamed")  # fmt: skip
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's)")
     parser.add_argument("--name", default="reflection_copy", help="results file name")
     args = parser.parse_args()

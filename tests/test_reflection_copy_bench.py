@@ -66,3 +66,56 @@ def test_command_accuracy_and_weighting(tmp_path: Path, tokenizer: Any) -> None:
     heavy = completion_loss(broken, rows[:1], tokenizer.pad_token_id, 10.0)
     assert float(heavy.detach()) > float(plain.detach()) > 0
     assert float(completion_loss(perfect, rows, tokenizer.pad_token_id, 10.0).detach()) < 1e-3
+
+
+def test_errors_are_sorted_by_what_the_screen_shows(tmp_path: Path) -> None:
+    from benchmarks.reflection_errors import outcome, screen
+    from tests.test_auto_explore_env import build_repo, make_env, reset_to
+
+    env = make_env(tmp_path, build_repo(tmp_path))
+    reset_to(env, "pkg/models.py")
+    for command in ("cd pkg", "cat __init__.py"):
+        obs, *_ = env.step(env.actions.index(command))
+    names, taken = screen(f"{obs.instruction}\n{obs.observation} # Analyze:\n")
+    assert names == ["sub", "__init__.py", "models.py", "utils.py"]  # "sub/" shown
+    assert taken == {"pkg", "__init__.py"}
+    expert = "cat models.py"
+    sorted_as = {
+        "cat models.py": "right",
+        "cd sub": "first_unread",  # the first entry the history does not name
+        "cat __init__.py": "named_before",
+        "cat utils.py": "other_unread",
+        "cat model.py": "not_listed",
+        "id models.py": "wrong_kind",
+        "cd ..": "wrong_kind",
+    }
+    assert {said: outcome(said, expert, names, taken) for said in sorted_as} == sorted_as
+    assert outcome("cat models.py", "cd ..", names, taken) == "wrong_kind"
+
+
+def test_renamed_rows_keep_the_experts_choice_under_new_names() -> None:
+    import random
+
+    from benchmarks.reflection_copy import renamed
+
+    prompt = (
+        "Which file defines the class `ModelConfig`? Explore the repository.\n"
+        "Current directory: pkg\nContents:\nsub/\n__init__.py\nconfig.py\nmodels.py\n"
+        "utils.py\nCommands so far: cd pkg; cat __init__.py (17 steps left)\n"
+        "Last output:\n__init__.py:\nfrom .utils import helper # Analyze:\n"
+    )
+    row = {"prompt": prompt, "expert_action": "cat utils.py",
+           "completion": '"cat __init__.py" showed __init__.py. Then "cat utils.py".'}  # fmt: skip
+    first, again = renamed(row, random.Random(3)), renamed(row, random.Random(3))
+    assert first == again  # seeded
+    listing = first["prompt"].split("Contents:\n")[1].split("\nCommands")[0].split("\n")
+    # Names like the key stay (config.py, models.py: "Config", "Model"); the others change,
+    # keep their suffix and their alphabetical order; directories stay.
+    assert listing[:1] == ["sub/"] and listing[2:4] == ["config.py", "models.py"]
+    init, utils = listing[1], listing[4]
+    assert init.endswith(".py") and utils.endswith(".py") and init < utils
+    assert {init, utils}.isdisjoint({"__init__.py", "utils.py"})
+    assert first["expert_action"] == f"cat {utils}"
+    assert first["completion"] == f'"cat {init}" showed {init}. Then "cat {utils}".'
+    assert f"cd pkg; cat {init} (17" in first["prompt"]
+    assert "from .utils import" in first["prompt"]  # a module name in code is not a file name
