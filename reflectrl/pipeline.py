@@ -38,6 +38,7 @@ from reflectrl.run_dir import (
     stage_marker,
     stages_to_run,
 )
+from reflectrl.trackers import Record, check_trackers, numbers, open_trackers, read_records
 
 
 @dataclass
@@ -115,10 +116,13 @@ def train_on_node(
     lines: Any,
     driver_node: str,
     data_files: Packed,
+    tracker_runs: dict[str, Record],
 ) -> dict[str, Any]:
     """`train_player` in a Ray task; its progress lines go to the `lines` queue (the driver
     prints them: Ray does not forward task output here). On another node than the driver's,
-    it trains from a copy of the data and returns the trained folder's files."""
+    it trains from a copy of the data and returns the trained folder's files. On the driver's
+    node its log lines go to the run's trackers (`tracker_runs`, their saved ids: the run
+    directory, where a local MLflow store lives, is on that node)."""
     import functools
     import tempfile
 
@@ -128,7 +132,9 @@ def train_on_node(
     train = functools.partial(train_player, config, player=player, emit=lines.put)
     node = ray.get_runtime_context().get_node_id()
     if node == driver_node:
-        return {"result": train(data_dir=data, out=out), "files": None, "node": node}
+        with open_trackers(out.parent, config, tracker_runs) as trackers:  # out: RUN/sft
+            result = train(data_dir=data, out=out, trackers=trackers)
+        return {"result": result, "files": None, "node": node}
     with tempfile.TemporaryDirectory() as tmp:
         result = train(data_dir=unpack_dir(data_files, Path(tmp) / "data"), out=Path(tmp) / "out")
         return {"result": result, "files": pack_dir(Path(tmp) / "out" / player), "node": node}
@@ -165,13 +171,26 @@ def sft_stage(ctx: StageContext) -> dict[str, Any]:
             lines = Queue(actor_options={"num_cpus": 0})
             data = ctx.run_dir / "data"
             ref = task.remote(
-                ctx.config, data, player, out, lines, driver_node, ray.put(pack_dir(data))
+                ctx.config,
+                data,
+                player,
+                out,
+                lines,
+                driver_node,
+                ray.put(pack_dir(data)),
+                read_records(ctx.run_dir),
             )
             done = wait_printing(ref, lines)
             ray.kill(lines.actor)
             if done["files"] is not None:  # trained on another node: its folder comes back
                 unpack_dir(done["files"], out / player)
             result = {**done["result"], "node": done["node"]}
+            with open_trackers(ctx.run_dir, ctx.config) as trackers:  # once the task is done
+                for step, losses in (
+                    (0, result["loss_before"]),
+                    (result["steps"], result["loss_after"]),
+                ):
+                    trackers.log_metrics(numbers(losses, f"sft/{player}/completion_loss_"), step)
         before, after = result["loss_before"], result["loss_after"]
         print(
             f"sft: {player}: {result['steps']} steps in {result['seconds']:.0f} s, completion "
@@ -217,6 +236,7 @@ def eval_stage(ctx: StageContext) -> dict[str, Any]:
         print(format_table(report), flush=True)
         out = ctx.run_dir / f"eval_{report['split']}.json"
         write_json(out, report)
+        log_eval(ctx, report, out)
         greedy, sampled = report["greedy"]["all"], report["sampled"]["all"]
         figures = {
             "file": out.name,
@@ -228,6 +248,17 @@ def eval_stage(ctx: StageContext) -> dict[str, Any]:
         else:
             result.setdefault("extra_splits", {})[report["split"]] = figures
     return result
+
+
+def log_eval(ctx: StageContext, report: dict[str, Any], path: Path) -> None:
+    """The eval's figures (`eval/<split>/<decoding>/all/success_rate`, `.../stages/<stage>/...`)
+    to the run's trackers, at the policy's RL iteration, and its JSON file as an artifact."""
+    step = ctx.config.run.iterations if ctx.config.rl.enabled else 0
+    with open_trackers(ctx.run_dir, ctx.config) as trackers:
+        for decoding in ("greedy", "sampled"):
+            prefix = f"eval/{report['split']}/{decoding}/"
+            trackers.log_metrics(numbers(report[decoding], prefix), step)
+        trackers.log_artifact(path)
 
 
 STAGE_RUNNERS: dict[str, Callable[[StageContext], dict[str, Any]]] = {
@@ -250,6 +281,7 @@ def launch(opts: LaunchOptions) -> Path:
         check_run(config, opts.workers)
     else:
         preflight(config)
+    check_trackers(config)
     # Ray first: it checks the GPUs the config asks for, and nothing is written if they are not
     # there.
     dashboard = init_ray(opts.address, config, opts.workers)
@@ -260,6 +292,8 @@ def launch(opts: LaunchOptions) -> Path:
         print(f"Ray dashboard: {dashboard}", flush=True)
     ctx = StageContext(config, run_dir, opts.workers, resume_from)
     try:
+        # Creates the MLflow / W&B runs (config as params and artifact), or finds a resumed run's.
+        open_trackers(run_dir, config).close()
         for number, stage in enumerate(stages, 1):
             header = f"[stage {number}/{len(stages)}: {stage}]"
             if stage not in todo:

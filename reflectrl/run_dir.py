@@ -8,6 +8,8 @@
                              the final policy is `latest`'s adapter/ (after RL), else sft/policy
     RUN/eval_*.json          held-out evaluations
     RUN/stages/<stage>.json  one marker per finished stage, with its summary
+    RUN/trackers.json        the MLflow / W&B run ids of `run.trackers` (a resume continues them)
+    RUN/mlruns/, RUN/wandb/  the local MLflow store and W&B's offline files (reflectrl/trackers.py)
 
 Every file in it is written through reflectrl/atomic_files.py.
 """
@@ -28,6 +30,7 @@ SFT_DIR = "sft"
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS_DIR = "checkpoints"
 STAGES_DIR = "stages"
+TRACKERS_FILE = "trackers.json"
 CHECKPOINT_STATE_FILE = "reflectrl_state.json"  # written last into a checkpoint's folder
 LATEST_CHECKPOINT = "latest"  # in CHECKPOINTS_DIR: names the newest whole checkpoint
 # What makes a folder a run (one of them is enough): `launch` refuses to start over it.

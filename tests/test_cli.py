@@ -109,6 +109,10 @@ def test_help_lists_the_launch_options() -> None:
             ["--config", SMOKE, "--set", "sft.reflection_command_weight=0"],
             ["sft.reflection_command_weight", "greater than 0"],
         ),
+        (
+            ["--config", SMOKE, "--set", "run.trackers=[tensorboard, mlflo]"],
+            ["run.trackers.1", "'tensorboard', 'mlflow' or 'wandb'", "'mlflo'"],
+        ),
     ],
 )
 def test_bad_input_before_anything_starts(

@@ -48,7 +48,9 @@ def read_rows(run: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_cli_smoke_pipeline_runs_every_stage_and_resumes(tmp_path: Path) -> None:
+def test_cli_smoke_pipeline_runs_every_stage_and_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """data -> sft -> rl (from the SFT adapters, reflections from the served SFT adapter) ->
     eval, in one run directory; --resume of the finished run does nothing and says so.
     (Resuming RL itself: test_resume_restores_...; which stages a resume runs:
@@ -59,6 +61,7 @@ def test_cli_smoke_pipeline_runs_every_stage_and_resumes(tmp_path: Path) -> None
     result = reflectrl(
         "--workers", "2", "--config", str(SMOKE), "--iterations", "2", "--output", str(out),
         "--set", "eval.every=2", "--set", "run.heartbeat_s=1",
+        "--set", "run.trackers=[tensorboard, mlflow]",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Ray dashboard: http://127.0.0.1:" in result.stdout
@@ -105,7 +108,10 @@ def test_cli_smoke_pipeline_runs_every_stage_and_resumes(tmp_path: Path) -> None
     assert rows[-1]["env_steps"] >= 2 * 64
     assert 0 < rows[-1]["weight_sync_bytes"] < 1_000_000  # LoRA only, not the whole LM
     assert rows[0]["stage"] == "pickup" and rows[1]["stage"] == "dropoff"  # smoke caps pickup at 1
-    overrides = ["run.iterations=2", "eval.every=2", "run.heartbeat_s=1"]
+    overrides = [
+        "run.iterations=2", "eval.every=2", "run.heartbeat_s=1",
+        "run.trackers=[tensorboard, mlflow]",
+    ]  # fmt: skip
     assert load_config(run / "config.yaml") == load_config(SMOKE, overrides)
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     assert (run / "reflection_server.log").stat().st_size > 0
@@ -122,6 +128,8 @@ def test_cli_smoke_pipeline_runs_every_stage_and_resumes(tmp_path: Path) -> None
     optimizer = learner_state["optimizer"]["default_policy_default_optimizer"]["state"]
     assert optimizer["state"], "the checkpoint must hold the optimizer's moments"
 
+    assert_mlflow_run_holds_the_launch(run, rows, report, result.stdout, monkeypatch)
+
     # A finished run: --resume does nothing, and says so.
     evaluated_at = (run / "stages" / "eval.json").stat().st_mtime_ns
     result = reflectrl("--workers", "2", "--resume", str(run))
@@ -130,6 +138,60 @@ def test_cli_smoke_pipeline_runs_every_stage_and_resumes(tmp_path: Path) -> None
     assert "Ray dashboard" not in result.stdout and len(read_rows(run)) == 2
     assert (run / "stages" / "eval.json").stat().st_mtime_ns == evaluated_at
     # (`reflectrl eval --run` on a finished run: test_driver_kill.py.)
+
+
+def mlflow_history(run: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, str, Any]:
+    """The run's MLflow client (its local store, RUN/mlruns), run id, and a function giving a
+    metric's (step, value) points."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for it
+
+    run_id = json.loads((run / "trackers.json").read_text())["mlflow"]["run_id"]
+    client = MlflowClient((run / "mlruns").resolve().as_uri())
+
+    def history(key: str) -> list[tuple[int, float]]:
+        return [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
+
+    return client, run_id, history
+
+
+def assert_mlflow_run_holds_the_launch(
+    run: Path,
+    rows: list[dict[str, Any]],
+    report: dict[str, Any],
+    stdout: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One MLflow run, read back through MLflow's client, holds the SFT losses, every RL row,
+    the final eval and the config."""
+    client, run_id, history = mlflow_history(run, monkeypatch)
+    tracked = client.get_run(run_id)
+    assert tracked.info.status == "FINISHED"
+    (only,) = client.search_runs([tracked.info.experiment_id])  # every stage in one run
+    assert only.info.run_id == run_id
+    for key in ("success_rate", "env_steps", "adapter_version", "reflection_calls"):
+        assert sorted(history(f"rl/{key}")) == [(r["iteration"], r[key]) for r in rows], key
+    assert history("rl/eval_success_rate") == [(2, rows[1]["eval_success_rate"])]
+    for player in ("reflection", "policy"):
+        done = json.loads((run / "sft" / player / "sft_result.json").read_text())
+        for part in ("train", "eval"):
+            assert sorted(history(f"sft/{player}/completion_loss_{part}")) == [
+                (0, done["loss_before"][part]),
+                (10, done["loss_after"][part]),
+            ]
+        ((step, loss),) = history(f"sft/{player}/loss")  # TRL's line at logging_steps=10
+        assert step == 10 and f"sft {player}: step 10/10, loss {loss:.3f}" in stdout
+    greedy, sampled = report["greedy"], report["sampled"]
+    assert history("eval/test/greedy/all/success_rate") == [(2, greedy["all"]["success_rate"])]
+    assert history("eval/test/sampled/stages/full/return_mean") == [
+        (2, sampled["stages"]["full"]["return_mean"])
+    ]
+    params = tracked.data.params
+    assert params["run.trackers"] == '["tensorboard", "mlflow"]' and params["ppo.lr"] == "0.001"
+    assert params["env.name"] == "dangerous_taxi" and params["run.iterations"] == "2"
+    logged = {a.path for a in client.list_artifacts(run_id)}
+    assert logged == {"config.yaml", "eval_test.json"}
 
 
 @pytest.fixture(scope="module")
@@ -311,7 +373,7 @@ def test_a_worker_killed_mid_sampling_comes_back_with_the_stage_and_adapter(
 
 
 def test_resume_restores_optimizer_env_streams_and_metrics(
-    ray_session: Any, tmp_path: Path
+    ray_session: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A crash after iteration 2 whose checkpoint is iteration 1: the resumed run continues from
     iteration 1 with the optimizer's moments in the live learner, every worker's env random
@@ -321,7 +383,9 @@ def test_resume_restores_optimizer_env_streams_and_metrics(
     from reflectrl.rl.driver import Run
 
     run_dir = tmp_path / "run"
-    config = smoke_without_reflection("run.checkpoint_every=1", "run.iterations=3")
+    config = smoke_without_reflection(
+        "run.checkpoint_every=1", "run.iterations=3", "run.trackers=[mlflow]"
+    )
     run = Run(config, run_dir, workers=2)
     try:
         run.start()
@@ -335,6 +399,7 @@ def test_resume_restores_optimizer_env_streams_and_metrics(
     with (checkpoint / "rllib" / "learner_group" / "learner" / "state.pkl").open("rb") as f:
         saved_optimizer = pickle.load(f)["optimizer"]
     assert [r["iteration"] for r in read_rows(run_dir)] == [1, 2]
+    first_run_id = json.loads((run_dir / "trackers.json").read_text())["mlflow"]["run_id"]
 
     config, _, resume_from = resolve_run(LaunchOptions(workers=2, resume=str(run_dir)))
     resumed = Run(config, run_dir, workers=2)
@@ -364,6 +429,14 @@ def test_resume_restores_optimizer_env_streams_and_metrics(
         resumed.close()
     assert row["iteration"] == 2 and row["env_steps"] > saved["totals"]["env_steps"]
     assert [r["iteration"] for r in read_rows(run_dir)] == [1, 2]
+    # The resumed run continues the same MLflow run, which keeps the repeated iteration's first
+    # figures too (MLflow cannot drop points); no TensorBoard: run.trackers does not name it.
+    client, run_id, history = mlflow_history(run_dir, monkeypatch)
+    assert run_id == first_run_id
+    assert len(client.search_runs([client.get_run(run_id).info.experiment_id])) == 1
+    steps = history("rl/env_steps")
+    assert [step for step, _ in steps] == [1, 2, 2] and steps[-1] == (2, row["env_steps"])
+    assert not (run_dir / "tensorboard").exists()
 
 
 def test_close_does_not_mask_the_error_when_the_reflection_actor_is_dead(

@@ -39,6 +39,7 @@ from reflectrl.config.training import (
     SFTSettings,
     StageConfig,
     SuccessReplayConfig,
+    TrackerName,
     WriterConfig,
 )
 
@@ -64,6 +65,7 @@ __all__ = [
     "StageConfig",
     "Strict",
     "SuccessReplayConfig",
+    "TrackerName",
     "WriterConfig",
     "add_config_arguments",
     "apply_override",

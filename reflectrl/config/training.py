@@ -102,6 +102,10 @@ class CurriculumConfig(Strict):
         return self.stages or [StageConfig(name=s) for s in env_stages]
 
 
+# The experiment trackers `run.trackers` may name.
+TrackerName = Literal["tensorboard", "mlflow", "wandb"]
+
+
 class RunConfig(Strict):
     seed: int = 0
     """The run's seed (data, SFT and evaluation use it unless they set their own)."""
@@ -140,6 +144,12 @@ class RunConfig(Strict):
     """The address the Ray dashboard of a local Ray (one the run starts) listens on."""
     dashboard_port: int = Field(8265, ge=1, le=65535)
     """The port of that dashboard."""
+    trackers: list[TrackerName] = Field(default_factory=lambda: ["tensorboard"])
+    """Where the run's figures go besides metrics.jsonl: tensorboard (RUN/tensorboard), mlflow
+    (`MLFLOW_TRACKING_URI`, else a local store in RUN/mlruns) and wandb (offline in RUN/wandb
+    unless `WANDB_MODE` or `WANDB_API_KEY` is set). mlflow and wandb get the SFT losses, every
+    RL iteration's row, the final eval and the config, all in one run that `--resume`
+    continues (reflectrl/trackers.py)."""
 
 
 class WriterConfig(Strict):

@@ -40,6 +40,7 @@ from reflectrl.rl.monitor import IterationMonitor
 from reflectrl.rl.ppo import ReflectRLPPO, build_ppo_config
 from reflectrl.rl.success_replay import REPLAY_FILE
 from reflectrl.run_dir import CONFIG_FILE
+from reflectrl.trackers import open_trackers
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +100,10 @@ class Run:
         # Every worker gets the stage; after a resume also its env random streams.
         self.coordinator.push_stage(self.algo.env_runner_group, with_random_state=True)
         self.sink = MetricsSink(
-            self.run_dir, resume_from=self.iteration if resume_from is not None else None
+            self.run_dir,
+            resume_from=self.iteration if resume_from is not None else None,
+            tensorboard="tensorboard" in self.config.run.trackers,
+            trackers=open_trackers(self.run_dir, self.config),  # the run's, or new ones
         )
         if self.config.eval.every:
             seen = sft_observations(self.run_dir)

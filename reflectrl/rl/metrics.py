@@ -1,5 +1,6 @@
 """Where each iteration's figures go: metrics.jsonl, TensorBoard, Ray's metrics endpoint
-(gauges named reflectrl_*, shown on the Ray dashboard's metrics view) and the console line."""
+(gauges named reflectrl_*, shown on the Ray dashboard's metrics view), the MLflow / W&B run of
+`run.trackers` (reflectrl/trackers.py) and the console line."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 from reflectrl.atomic_files import write_text
 from reflectrl.run_dir import METRICS_FILE
+from reflectrl.trackers import Trackers, numbers
 
 # Figures exported as Ray gauges (numeric, one value per iteration).
 GAUGES = (
@@ -29,34 +31,51 @@ GAUGES = (
 
 class MetricsSink:
     """`resume_from`: the iteration of the checkpoint a resumed run continues from. Rows (and
-    TensorBoard points) after it were written by iterations the resume repeats: dropped."""
+    TensorBoard points) after it were written by iterations the resume repeats: dropped. An
+    MLflow / W&B run cannot drop points: it gets the repeated iterations' figures again (MLflow
+    keeps both values of such a step). `tensorboard`: whether `run.trackers` names it;
+    `trackers`: the run's opened MLflow / W&B trackers, closed by `close`."""
 
-    def __init__(self, run_dir: Path, resume_from: int | None = None) -> None:
-        from torch.utils.tensorboard import SummaryWriter
-
+    def __init__(
+        self,
+        run_dir: Path,
+        resume_from: int | None = None,
+        tensorboard: bool = True,
+        trackers: Trackers | None = None,
+    ) -> None:
         self.run_name = run_dir.name
         path = run_dir / METRICS_FILE
         if resume_from is not None:
             keep_rows_up_to(path, resume_from)
         self.jsonl = path.open("a" if resume_from is not None else "w")
-        purge = None if resume_from is None else resume_from + 1
-        self.tensorboard = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge)
+        self.tensorboard: Any = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            purge = None if resume_from is None else resume_from + 1
+            self.tensorboard = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge)
+        self.trackers = trackers if trackers is not None else Trackers([], {})
         self.gauges = _make_gauges()
 
     def write(self, row: dict[str, Any]) -> None:
         self.jsonl.write(json.dumps(row) + "\n")
         self.jsonl.flush()  # a crash loses at most the iteration in progress
         step = int(row["iteration"])
-        for key, value in row.items():
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                self.tensorboard.add_scalar(f"reflectrl/{key}", value, step)
-                if key in self.gauges:
-                    self.gauges[key].set(float(value), tags={"run": self.run_name})
-        self.tensorboard.flush()
+        figures = numbers(row, "")
+        for key, value in figures.items():
+            if self.tensorboard is not None:
+                self.tensorboard.add_scalar(f"reflectrl/{key}", row[key], step)
+            if key in self.gauges:
+                self.gauges[key].set(value, tags={"run": self.run_name})
+        if self.tensorboard is not None:
+            self.tensorboard.flush()
+        self.trackers.log_metrics({f"rl/{key}": value for key, value in figures.items()}, step)
 
     def close(self) -> None:
         self.jsonl.close()
-        self.tensorboard.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        self.trackers.close()
 
 
 def format_progress(row: dict[str, Any], total: int, eta_s: float | None = None) -> str:

@@ -30,6 +30,7 @@ from reflectrl.data.model_dirs import resolve_model
 from reflectrl.errors import ConfigError
 from reflectrl.models.loading import load_causal_lm, load_tokenizer
 from reflectrl.sft.rows import IGNORE, Player, encode_rows, load_rows, target_of
+from reflectrl.trackers import Trackers, numbers
 
 RESULT_FILE = "sft_result.json"
 # Rows of the training set whose loss is measured before and after (a fixed, seeded sample).
@@ -158,6 +159,32 @@ def progress_lines(name: str, emit: Callable[[str], None] = print_line) -> Any:
     return ProgressLines()
 
 
+def tracker_logs(trackers: Trackers, player: str) -> Any:
+    """A callback sending TRL's log lines during training to the run's MLflow / W&B trackers
+    as `sft/<player>/<key>`. Not TRL's own `report_to` integrations: the two players log into
+    one run, where theirs would log each player's TrainingArguments as params (MLflow refuses
+    a param that changes), give both players' losses the same names, and end the run when
+    training ends."""
+    from transformers import TrainerCallback
+
+    class TrackerLogs(TrainerCallback):
+        training = False  # the losses measured around train() are logged from its result
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.training = True
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.training = False
+
+        def on_log(
+            self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any
+        ) -> None:
+            if self.training and state.is_world_process_zero:
+                trackers.log_metrics(numbers(logs or {}, f"sft/{player}/"), state.global_step)
+
+    return TrackerLogs()
+
+
 def player_model(config: ReflectRLConfig, player: Player) -> tuple[str, LoraSettings]:
     if player == "policy":
         return config.policy.model, config.policy.lora
@@ -207,9 +234,11 @@ def build_trainer(
     progress: bool = True,
     full_logits: bool = False,
     emit: Callable[[str], None] = print_line,
+    trackers: Trackers | None = None,
 ) -> SFTJob:
     """The trainer for `player` on `data_dir` (TRL writes under `workdir`). `full_logits`:
-    TRL's own loss over the full-vocabulary logits (only to measure what ours saves)."""
+    TRL's own loss over the full-vocabulary logits (only to measure what ours saves).
+    `trackers`: the run's MLflow / W&B trackers, which get the training log lines."""
     from datasets import Dataset
     from transformers import PrinterCallback
     from trl import SFTConfig, SFTTrainer
@@ -276,6 +305,8 @@ def build_trainer(
         trainer.remove_callback(PrinterCallback)  # it prints raw log dicts
         if progress:
             trainer.add_callback(progress_lines(f"sft {player}", emit))
+    if trackers is not None:
+        trainer.add_callback(tracker_logs(trackers, player))
     skipped = train.skipped + held.skipped
     return SFTJob(trainer, model, tokenizer, train_set, eval_set, target, model_dir, skipped, seed)
 
@@ -287,15 +318,19 @@ def train_player(
     out: Path,
     progress: bool = True,
     emit: Callable[[str], None] = print_line,
+    trackers: Trackers | None = None,
 ) -> dict[str, Any]:
     """SFT of `player` on `data_dir`, saved to `out/<player>`; returns the result record.
-    Progress goes to `emit` (a bar instead on a terminal)."""
+    Progress goes to `emit` (a bar instead on a terminal); TRL's log lines to `trackers` (the
+    run's MLflow / W&B trackers), if given."""
     final = out / player
     if final.exists():
         raise ConfigError(f"--out {out}: {final} already exists; choose another folder")
     # Built aside and renamed into place: `out/<player>` exists only complete.
     with atomic_dir(final) as tmp:
-        job = build_trainer(config, data_dir, player, tmp / "trainer", progress, emit=emit)
+        job = build_trainer(
+            config, data_dir, player, tmp / "trainer", progress, emit=emit, trackers=trackers
+        )
         trainer, seed = job.trainer, job.seed
         sample = job.train_set.shuffle(seed=seed)
         sample = sample.select(range(min(TRAIN_LOSS_ROWS, len(sample))))
