@@ -21,7 +21,7 @@ endif
 # A venv per set of extras: switching stacks reinstalls.
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: install run smoke test lint bench docs clean resolve
+.PHONY: install run smoke test lint bench docs clean resolve browser
 
 install: $(STAMP)
 
@@ -61,8 +61,17 @@ smoke: install
 # module stays in one process unless it says XDIST_SPREAD (tests/conftest.py).
 TEST_PROCESSES ?= 2
 
-test: install
+test: install browser
 	$(BIN)/python -m pytest -q -ra --durations=15 -n $(TEST_PROCESSES) --dist loadgroup $(ARGS)
+
+# The page of `reflectrl play --html` is tested in headless Chromium: Debian's package (the
+# test drives it with playwright, which never downloads a browser of its own).
+browser:
+	@command -v chromium >/dev/null || { \
+		echo "make test: installing Debian's chromium (the play page test)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium \
+			>/dev/null; } || { echo "make test: the play page test needs Chromium:" \
+			"apt-get install chromium (as root)"; exit 1; }
 
 lint: install
 	$(BIN)/ruff check reflectrl tests benchmarks

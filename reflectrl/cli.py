@@ -25,6 +25,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "reflectrl.sft.commands",
     "reflectrl.evaluation.commands",
     "reflectrl.evaluation.export",
+    "reflectrl.evaluation.play",
     "reflectrl.experiment.commands",
     "reflectrl.envs.auto_explore.commands",
     "reflectrl.envs.alfworld.commands",

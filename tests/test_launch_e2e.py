@@ -129,6 +129,7 @@ def test_cli_smoke_pipeline_runs_every_stage_and_resumes(
     assert optimizer["state"], "the checkpoint must hold the optimizer's moments"
 
     assert_mlflow_run_holds_the_launch(run, rows, report, result.stdout, monkeypatch)
+    assert_play_shows_the_final_players(run)
 
     # A finished run: --resume does nothing, and says so.
     evaluated_at = (run / "stages" / "eval.json").stat().st_mtime_ns
@@ -138,6 +139,23 @@ def test_cli_smoke_pipeline_runs_every_stage_and_resumes(
     assert "Ray dashboard" not in result.stdout and len(read_rows(run)) == 2
     assert (run / "stages" / "eval.json").stat().st_mtime_ns == evaluated_at
     # (`reflectrl eval --run` on a finished run: test_driver_kill.py.)
+
+
+def assert_play_shows_the_final_players(run: Path) -> None:
+    """`reflectrl play` on the finished run: its final policy, reflections from its served SFT
+    reflection, every step printed and the page written."""
+    page = run / "play.html"
+    played = run_cli("play", str(run), "--episodes", "2", "--html", str(page), timeout=600)
+    assert played.returncode == 0, played.stderr[-3000:]
+    out = played.stdout
+    assert out.count("episode ") >= 2 and "episode 2/2: stage full, start " in out
+    steps = out.count("\n  step ")
+    assert steps >= 2 and out.count("\n    -> ") == out.count("\n    reflection: ") == steps
+    assert out.count(", reward ") == steps and "played 2 episodes of stage full" in out
+    assert "    | +---------+" in out
+    assert (run / "play_reflection_server.log").stat().st_size > 0
+    text = page.read_text()
+    assert text.startswith("<!DOCTYPE html>") and text.count('"observation": ') == steps
 
 
 def mlflow_history(run: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, str, Any]:

@@ -3,7 +3,7 @@ coordinator in RL, to the eval report in eval), and the reflections it asks for.
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, NamedTuple, TypedDict
 
 
 class EpisodeRecord(TypedDict):
@@ -21,6 +21,16 @@ class EpisodeRecord(TypedDict):
     start: str  # the listed start it played (`set_starts`); "" for a drawn one
     # Digests of the observations it acted on (`record_observations`; held-out eval only).
     observed: tuple[str, ...]
+
+
+class StepView(NamedTuple):
+    """What one env slot shows its policy at a step, as text (`ReflectRLVectorEnv.last_views`;
+    `reflectrl play` prints it)."""
+
+    instruction: str  # the task header
+    observation: str  # the state, as the prompt shows it
+    reflection: str | None  # None: the no-reflection layout; "" where none was asked for
+    menu: tuple[str, ...]  # the actions in the order the menu shows them (label i: menu[i])
 
 
 class WorkerCounts(TypedDict):

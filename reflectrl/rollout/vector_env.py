@@ -41,7 +41,13 @@ from reflectrl.envs.base import TextEnv, TextObservation
 from reflectrl.envs.registry import make_text_env
 from reflectrl.rollout.group_starts import GroupStarts
 from reflectrl.rollout.reset_prefetch import ResetPrefetcher
-from reflectrl.rollout.seams import EpisodeRecord, Reflector, WorkerStats, zero_counts
+from reflectrl.rollout.seams import (
+    EpisodeRecord,
+    Reflector,
+    StepView,
+    WorkerStats,
+    zero_counts,
+)
 from reflectrl.seeding import capture_streams, hash_seed, restore_streams
 from reflectrl.text.rendering import PolicyPrompt, PromptRenderer
 from reflectrl.text.tokens import encode_action_texts, pad_tokens
@@ -125,6 +131,7 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         self._seconds = {"env_ms": 0.0, "reflection_ms": 0.0, "policy_ms": 0.0}
         self._returned_at: float | None = None  # when the last observation went to RLlib
         self.last_prompts: list[str] = []
+        self.last_views: list[StepView] = []  # (`reflectrl play`)
         self._prefetch = ResetPrefetcher() if config.env.prefetch_resets else None
         self._stage_args: tuple[str, tuple[str, ...], float] | None = None
 
@@ -453,6 +460,15 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
             "live": np.asarray(live, dtype=np.int64).reshape(self.num_envs, 1),
         }
         self.last_prompts = []
+        self.last_views = [
+            StepView(
+                obs.instruction,
+                obs.observation,
+                reflections[i],
+                tuple(obs.actions[j] for j in self._orders[i]),
+            )
+            for i, obs in enumerate(text_obs)
+        ]
         for i in range(self.num_envs):
             prompt = prompts[i]
             self.counters["truncated_prompts"] += int(prompt.truncated)
