@@ -27,6 +27,7 @@ from reflectrl.cluster.ray_init import init_ray
 from reflectrl.config import ReflectRLConfig, dump_config, load_config
 from reflectrl.errors import ConfigError, ReflectRLError
 from reflectrl.preflight import check_run, preflight
+from reflectrl.provenance import record_launch
 from reflectrl.reflection.actor import ReflectionServers
 from reflectrl.run_dir import (
     CONFIG_FILE,
@@ -288,6 +289,13 @@ def launch(opts: LaunchOptions) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     if not (run_dir / CONFIG_FILE).exists():
         write_text(run_dir / CONFIG_FILE, dump_config(config))
+    changed = record_launch(run_dir)
+    if changed:
+        print(
+            f"note: this launch runs on other software or another CPU than the run's first "
+            f"({'; '.join(changed)}): its floats can differ from those of an uninterrupted run",
+            flush=True,
+        )
     if dashboard:
         print(f"Ray dashboard: {dashboard}", flush=True)
     ctx = StageContext(config, run_dir, opts.workers, resume_from)

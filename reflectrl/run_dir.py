@@ -9,6 +9,7 @@
     RUN/eval_*.json          held-out evaluations
     RUN/stages/<stage>.json  one marker per finished stage, with its summary
     RUN/trackers.json        the MLflow / W&B run ids of `run.trackers` (a resume continues them)
+    RUN/launches.json        the software and CPU of each launch (reflectrl/provenance.py)
     RUN/mlruns/, RUN/wandb/  the local MLflow store and W&B's offline files (reflectrl/trackers.py)
 
 Every file in it is written through reflectrl/atomic_files.py.

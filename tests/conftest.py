@@ -21,6 +21,7 @@ LONGEST_FIRST = (
     "test_cluster",
     "test_reflection_faults",
     "test_driver_kill",
+    "test_repeatability",
     "test_env_pipelines",
     "test_learning",
     "test_sft",
