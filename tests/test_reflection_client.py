@@ -173,3 +173,38 @@ def test_sampled_reflections_are_never_cached(server: FakeServer) -> None:
     client.reflect(["a"])
     assert [b["prompt"] for b in server.completions] == [["a", "a"], ["a"]]
     assert client.cache_hits == 0
+
+
+def test_quoted_commands_regex_admits_only_the_listed_commands_inside_quotes() -> None:
+    import re
+
+    from reflectrl.reflection.client import quoted_commands_regex
+
+    regex = quoted_commands_regex(["cd ..", "cat core.py", "cd my-dir (old)", 'say "hi"', ""])
+    assert regex == r'[^"]*("(cat core\.py|cd \.\.|cd my\-dir \(old\))"[^"]*)*'
+    accepted = ['"cd .." went up. Now "cat core.py".', "no quote at all", '"cd my-dir (old)"']
+    rejected = ['"cd ." is not one', 'Then "cat core.py', '"cat core.pyx"', '"say "hi""']
+    assert all(re.fullmatch(regex, text) for text in accepted)
+    assert not any(re.fullmatch(regex, text) for text in rejected)
+    assert quoted_commands_regex([]) == '[^"]*'
+
+
+def test_quotable_commands_go_one_prompt_per_request_with_their_regex(server: FakeServer) -> None:
+    from reflectrl.reflection.client import quoted_commands_regex
+
+    client = make_client(server.url, cache_size=10)
+    commands = [["cd ..", "cat a.py"], ["cd b"], ["cd ..", "cat a.py"]]
+    out = client.reflect(["p0", "p1", "p0"], commands)
+    assert out == ["about p0", "about p1", "about p0"]
+    bodies = sorted(server.completions, key=lambda b: b["prompt"])
+    assert [b["prompt"] for b in bodies] == [["p0"], ["p1"]]  # the twin is sent once
+    assert [b["structured_outputs"] for b in bodies] == [
+        {"regex": quoted_commands_regex(commands[0])},
+        {"regex": quoted_commands_regex(commands[1])},
+    ]
+    # The cache knows a prompt by its commands too: other commands, another request.
+    client.reflect(["p0"], [["cd c"]])
+    client.reflect(["p0"])
+    assert len(server.completions) == 4 and "structured_outputs" not in server.completions[-1]
+    assert client.reflect(["p0"], [["cd ..", "cat a.py"]]) == ["about p0"]
+    assert len(server.completions) == 4 and client.cache_hits == 2

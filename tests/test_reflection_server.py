@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import socket
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 from reflectrl.data.model_dirs import resolve_model
 from reflectrl.errors import ReflectionServerError
-from reflectrl.reflection.client import ReflectionClient
+from reflectrl.reflection.client import ReflectionClient, quoted_commands_regex
 from reflectrl.reflection.server import VLLMServer, group_members, summarize_log
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -134,6 +135,18 @@ def test_real_server_reflects_in_one_request_and_stops_cleanly(
         # Greedy decoding: one request per prompt gives the same texts, in the same order.
         alone = ReflectionClient(server.url, "tiny", max_tokens=8, mode="concurrent")
         assert alone.reflect(prompts) == out and alone.requests == 4
+        # reflection.quote_valid_actions: the server decodes under our regex (its dialect takes
+        # our escapes), and a regex that demands a quote gets one of the commands.
+        commands = ["go north", "cd ..", "cat my-file_1.py"]
+        quoting = ReflectionClient(server.url, "tiny", max_tokens=12)
+        texts = quoting.reflect(prompts, [commands] * 4)
+        assert quoting.requests == 4
+        assert all(re.fullmatch(quoted_commands_regex(commands), text) for text in texts)
+        demand = r'"(go north|cd \.\.|cat my\-file_1\.py)"'
+        body = {"model": "tiny", "prompt": prompts[0], "max_tokens": 40, "temperature": 0,
+                "structured_outputs": {"regex": demand}}  # fmt: skip
+        answer = httpx.post(f"{server.url}/completions", json=body, timeout=120).json()
+        assert answer["choices"][0]["text"] in [f'"{c}"' for c in commands], answer
 
         assert server.process is not None
         pgid, port = server.process.pid, server.port

@@ -21,14 +21,26 @@ class RecordingReflector:
         self.calls = 0
         self.seed: int | None = None
 
-    def reflect(self, prompts: list[str]) -> list[str]:
+        self.quotable: list[list[list[str]] | None] = []
+
+    def reflect(self, prompts: list[str], quotable: list[list[str]] | None = None) -> list[str]:
         self.requests.append(list(prompts))
+        self.quotable.append(quotable)
         self.calls += len(prompts)
         return [f"reflection {i}" for i in range(len(prompts))]
 
 
-def make_env(tokenizer: Any, *overrides: str, num_envs: int = 3, reflector: Any = None) -> Any:
-    config = load_config(None, ["policy.model=tiny", *overrides])
+def make_env(
+    tokenizer: Any,
+    *overrides: str,
+    num_envs: int = 3,
+    reflector: Any = None,
+    reflector_overrides: bool = False,
+) -> Any:
+    quote = ["reflection.quote_valid_actions=true", "env.shuffle_options=true"]
+    config = load_config(
+        None, ["policy.model=tiny", *overrides, *(quote if reflector_overrides else [])]
+    )
     return ReflectRLVectorEnv(config, tokenizer, reflector, num_envs=num_envs, worker_index=1)
 
 
@@ -44,6 +56,24 @@ def test_one_batched_reflection_request_per_step(tokenizer: Any) -> None:
     assert len(reflector.requests) <= 2
     assert "reflection 0" in env.last_prompts[0] and env.last_prompts[0].endswith(" # Action:\n")
     assert env.pop_stats()["reflection_calls"] == reflector.calls
+
+
+def test_quote_valid_actions_lets_each_reflection_quote_its_menu_and_the_episode_s_actions(
+    tokenizer: Any,
+) -> None:
+    reflector = RecordingReflector()
+    env = make_env(tokenizer, reflector=reflector, num_envs=2, reflector_overrides=True)
+    env.reset()
+    assert reflector.quotable[-1] == [list(ACTIONS), list(ACTIONS)]  # Taxi: every action valid
+    shown = [view.menu for view in env.last_views]
+    # The expert's move in each env (never an episode's end), at its place on the shuffled menu.
+    taken = [ACTIONS[expert_action(e)] for e in env.envs]
+    env.step(np.array([shown[i].index(taken[i]) for i in range(2)]))
+    assert reflector.quotable[-1] == [[*ACTIONS, taken[0]], [*ACTIONS, taken[1]]]
+    off = RecordingReflector()
+    plain = make_env(tokenizer, reflector=off, num_envs=2)
+    plain.reset()
+    assert off.quotable == [None]  # the flag off: plain requests
 
 
 def test_no_reflection_ablation_never_calls(tokenizer: Any) -> None:

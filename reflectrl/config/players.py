@@ -167,6 +167,11 @@ class ReflectionConfig(Strict):
     cache_size: int = Field(65536, ge=0)
     """Greedy reflections (temperature 0) each rollout worker remembers, by prompt: the model is
     frozen, so a repeated prompt gets the same text without a request. 0: always ask."""
+    quote_valid_actions: bool = False
+    """Every command a reflection quotes ("...") must be a valid action now or one the episode
+    has taken: the server decodes under a regular expression built per prompt (vLLM's
+    structured outputs), one request per prompt. A small reflection model otherwise quotes
+    names that are not on the screen (docs/action_heads.md)."""
     timeout_s: float = Field(120.0, gt=0)
     """Seconds one reflection request may take."""
     max_retries: int = Field(3, ge=0)

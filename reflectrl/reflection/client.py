@@ -9,6 +9,10 @@ Greedy reflections (temperature 0) of a frozen model are a function of the promp
 client remembers the last `cache_size` of them and sends each distinct prompt once: a Taxi
 reflection prompt is one of 500 states under one of 2 instructions, so after a few thousand
 steps almost none reach the server.
+
+With `quotable` commands per prompt (reflection.quote_valid_actions), each request carries a
+regular expression that lets a quoted span be only one of them (vLLM's structured outputs);
+those go one prompt per request, in parallel, since a regex belongs to one prompt.
 """
 
 from __future__ import annotations
@@ -26,6 +30,17 @@ import httpx
 from reflectrl.errors import ReflectionServerError
 
 Mode = Literal["batch", "concurrent"]
+REGEX_SPECIAL = frozenset("\\.^$|?*+()[]{}-/")
+
+
+def quoted_commands_regex(commands: Sequence[str]) -> str:
+    """A regular expression for text whose every span between double quotes is one of
+    `commands` (those without a quote of their own); outside quotes, any text."""
+    names = sorted({c for c in commands if c and '"' not in c})
+    if not names:
+        return '[^"]*'
+    escaped = ["".join(f"\\{ch}" if ch in REGEX_SPECIAL else ch for ch in name) for name in names]
+    return f'[^"]*("({"|".join(escaped)})"[^"]*)*'
 
 
 class ReflectionClient:
@@ -88,44 +103,54 @@ class ReflectionClient:
         self.cache_hits = 0  # reflections answered from the cache (or a twin in the batch)
         # Only greedy answers are a function of the prompt; sampled ones must be drawn anew.
         self.cache_size = cache_size if temperature == 0 else 0
-        self._cache: OrderedDict[str, str] = OrderedDict()
+        # (prompt, regex of its quotable commands or None) -> reflection
+        self._cache: OrderedDict[tuple[str, str | None], str] = OrderedDict()
         self._lock = threading.Lock()  # counters are updated from threads in concurrent mode
         self._http: httpx.Client | None = None
 
     # --- public API -----------------------------------------------------------------------
 
-    def reflect(self, prompts: Sequence[str]) -> list[str]:
-        """One reflection (whitespace-stripped) per prompt, in the order of `prompts`."""
+    def reflect(
+        self, prompts: Sequence[str], quotable: Sequence[Sequence[str]] | None = None
+    ) -> list[str]:
+        """One reflection (whitespace-stripped) per prompt, in the order of `prompts`. With
+        `quotable` (commands per prompt), each reflection quotes ("...") only its prompt's
+        commands: the server decodes under `quoted_commands_regex`, one request per prompt."""
         prompts = list(prompts)
         if not prompts:
             return []
+        rules: list[str | None] = [None] * len(prompts)
+        if quotable is not None:
+            rules = [quoted_commands_regex(commands) for commands in quotable]
+        requests = list(zip(prompts, rules, strict=True))
         if not self.cache_size:
-            texts = self._fetch(prompts)
+            texts = self._fetch(requests)
         else:
-            known = {p: self._cache[p] for p in dict.fromkeys(prompts) if p in self._cache}
-            missing = [p for p in dict.fromkeys(prompts) if p not in known]
+            known = {r: self._cache[r] for r in dict.fromkeys(requests) if r in self._cache}
+            missing = [r for r in dict.fromkeys(requests) if r not in known]
             known.update(zip(missing, self._fetch(missing), strict=True))
-            for prompt in known:
-                self._cache[prompt] = known[prompt]
-                self._cache.move_to_end(prompt)
+            for request in known:
+                self._cache[request] = known[request]
+                self._cache.move_to_end(request)
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
-            texts = [known[p] for p in prompts]
+            texts = [known[r] for r in requests]
             with self._lock:
-                self.cache_hits += len(prompts) - len(missing)
+                self.cache_hits += len(requests) - len(missing)
         with self._lock:
             self.calls += len(texts)
         return texts
 
-    def _fetch(self, prompts: list[str]) -> list[str]:
-        """The server's reflections of `prompts`, in their order."""
-        if not prompts:
+    def _fetch(self, requests: list[tuple[str, str | None]]) -> list[str]:
+        """The server's reflections of (prompt, regex) requests, in their order."""
+        if not requests:
             return []
-        if self.mode == "batch" or len(prompts) == 1:
-            return self._complete(prompts)
-        workers = min(len(prompts), self.max_concurrency)
+        constrained = any(rule is not None for _, rule in requests)
+        if not constrained and (self.mode == "batch" or len(requests) == 1):
+            return self._complete([prompt for prompt, _ in requests])
+        workers = min(len(requests), self.max_concurrency)
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            return [t for (t,) in pool.map(lambda p: self._complete([p]), prompts)]
+            return [t for (t,) in pool.map(lambda r: self._complete([r[0]], r[1]), requests)]
 
     def use_replica(self, index: int) -> None:
         """Talk to replica `index` mod the number of replicas (spreads workers evenly)."""
@@ -152,7 +177,7 @@ class ReflectionClient:
 
     # --- internals ------------------------------------------------------------------------
 
-    def _payload(self, prompts: list[str]) -> dict[str, Any]:
+    def _payload(self, prompts: list[str], regex: str | None = None) -> dict[str, Any]:
         payload: dict[str, Any] = {
             "model": self.model,
             "prompt": prompts,
@@ -164,10 +189,12 @@ class ReflectionClient:
             payload["stop"] = list(self.stop)
         if self.seed is not None:
             payload["seed"] = self.seed
+        if regex is not None:
+            payload["structured_outputs"] = {"regex": regex}  # vLLM's extension of the API
         return payload
 
-    def _complete(self, prompts: list[str]) -> list[str]:
-        body = self._post("/completions", self._payload(prompts))
+    def _complete(self, prompts: list[str], regex: str | None = None) -> list[str]:
+        body = self._post("/completions", self._payload(prompts, regex))
         choices = body.get("choices") if isinstance(body, dict) else None
         if not isinstance(choices, list):
             raise ReflectionServerError(

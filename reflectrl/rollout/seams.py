@@ -72,5 +72,9 @@ class Reflector:
 
     seed: int | None
 
-    def reflect(self, prompts: list[str]) -> list[str]:  # pragma: no cover - protocol
+    def reflect(
+        self, prompts: list[str], quotable: list[list[str]] | None = None
+    ) -> list[str]:  # pragma: no cover - protocol
+        """`quotable` (reflection.quote_valid_actions only): the commands each reflection may
+        quote."""
         raise NotImplementedError

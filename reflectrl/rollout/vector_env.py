@@ -132,6 +132,9 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         self._returned_at: float | None = None  # when the last observation went to RLlib
         self.last_prompts: list[str] = []
         self.last_views: list[StepView] = []  # (`reflectrl play`)
+        # The actions each env's episode has taken (reflection.quote_valid_actions lets a
+        # reflection quote them besides the valid actions).
+        self._taken: list[list[str]] = [[] for _ in range(num_envs)]
         self._prefetch = ResetPrefetcher() if config.env.prefetch_resets else None
         self._stage_args: tuple[str, tuple[str, ...], float] | None = None
 
@@ -321,6 +324,7 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
             label = int(actions[i])
             if not 0 <= label < len(self._orders[i]):
                 raise ValueError(f"label index {label} is not on env {i}'s menu (masked)")
+            self._taken[i].append(self.last_views[i].menu[label])
             obs, reward, term, trunc, info = env.step(self._orders[i][label])
             self.counters["env_steps"] += 1
             self._returns[i] += reward
@@ -365,6 +369,7 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         self._returns[i] = 0.0
         self._lengths[i] = 0
         self._observed[i] = []
+        self._taken[i] = []
 
     def _start_prefetch(self, indices: list[int]) -> None:
         """Start the next reset of these envs (their episodes ended; their prompts are done)."""
@@ -438,7 +443,12 @@ class ReflectRLVectorEnv(gym.vector.VectorEnv):
         if rendered:
             hits_before = getattr(self.reflector, "cache_hits", 0)
             asked = time.perf_counter()
-            texts = self.reflector.reflect([rendered[i].text for i in wanted])
+            asked_prompts = [rendered[i].text for i in wanted]
+            if self.config.reflection.quote_valid_actions:
+                quotable = [[*text_obs[i].actions, *self._taken[i]] for i in wanted]
+                texts = self.reflector.reflect(asked_prompts, quotable)
+            else:
+                texts = self.reflector.reflect(asked_prompts)
             self._seconds["reflection_ms"] += time.perf_counter() - asked
             self.counters["reflection_calls"] += len(wanted)
             self.counters["reflection_cache_hits"] += (
