@@ -383,7 +383,11 @@ def test_a_worker_killed_mid_sampling_comes_back_with_the_stage_and_adapter(
     assert rows[0]["env_steps"] - 64 >= 32  # the other worker's samples of that iteration
     assert rows[-2]["restarted_workers"] >= 1 and pid not in pids and len(pids) == 2
     assert stages == ["dropoff", "dropoff"]  # re-applied to the restarted worker
-    assert rows[-1]["env_steps"] - rows[-2]["env_steps"] == 64  # both workers sample again
+    # Both workers sample again: 2 x 32 env steps. RLlib's EnvRunner.sample(num_timesteps=32)
+    # stops at the first vector step that reaches 32 live steps, so an env that autoresets at
+    # an odd count adds one more (single_agent_env_runner.py: between num_timesteps and
+    # num_timesteps + num_envs_per_env_runner - 1); after a kill, episodes end when they may.
+    assert 64 <= rows[-1]["env_steps"] - rows[-2]["env_steps"] <= 64 + 2 * (2 - 1)
     for state in weights:  # the restarted worker got the learner's current adapter
         assert state.keys() == learner.keys()
         for key in learner:
