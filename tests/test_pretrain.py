@@ -106,3 +106,76 @@ def test_pretrain_copy_trains_in_place_and_writes_its_figures(
     assert figures["steps"] == 2
     assert set(figures["accuracy"]) == set(pretrain.KINDS)
     assert all(0.0 <= share <= 1.0 for share in figures["accuracy"].values())
+
+
+def taxi_and_target(grid: list[str]) -> tuple[tuple[int, int], tuple[int, int] | None]:
+    """The taxi's cell and its target's (P, or D with X), read off the drawn grid; the target is
+    None when the taxi hides it."""
+    cells = {grid[1 + r][2 * c + 1]: (r, c) for r in range(5) for c in range(5)}
+    taxi = "X" if "X" in cells else "T"
+    return cells[taxi], cells.get("D" if taxi == "X" else "P")
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_every_taxi_reading_answer_is_what_the_drawing_shows(seed: int) -> None:
+    from reflectrl.data.pretrain_taxi import READING_KINDS, TaxiReadingText, offset
+
+    text = TaxiReadingText(seed)
+    assert text.kinds == READING_KINDS
+    blocked = text.example("blocked")
+    grid = blocked.prompt.split("\n")
+    (r, c), _ = taxi_and_target(grid)
+    # A move is blocked by the edge or by a `|` between two cells of the drawing.
+    walls = {
+        "south": r == 4,
+        "north": r == 0,
+        "east": grid[1 + r][2 * c + 2] == "|",
+        "west": grid[1 + r][2 * c] == "|",
+    }
+    assert blocked.answer == (" ".join(m for m, wall in walls.items() if wall) or "none")
+
+    cell = text.example("cell")
+    question = cell.prompt.rsplit("\n", 1)[1]
+    r, c = (int(v) for v in question.removeprefix("At row ").removesuffix(": ").split(", column "))
+    assert cell.answer == cell.prompt.split("\n")[1 + r][2 * c + 1]
+    assert cell.answer in {".", "T", "X", "P", "D"}
+
+    target = text.example("offset")
+    (r, c), to = taxi_and_target(target.prompt.split("\n"))
+    assert target.answer == ("here" if to is None else offset(r, c, *to))
+    assert offset(3, 1, 0, 4) == "3 north 3 east" and offset(2, 2, 2, 2) == "here"
+
+
+def test_the_taxi_reading_text_is_seeded_and_mixes_its_kinds() -> None:
+    from reflectrl.data.pretrain_taxi import TaxiReadingText
+
+    def draw(seed: int) -> list[pretrain.Example]:
+        text = TaxiReadingText(seed)
+        return [text.example() for _ in range(30)]
+
+    first = draw(3)
+    assert first == draw(3) and first != draw(4)
+    assert {e.kind for e in first} == {"blocked", "cell", "offset"}
+    # Half the drawings name the cells' coordinates, as env.options.coordinates does.
+    assert 5 < sum("Cells (row, column)" in e.prompt for e in first) < 25
+
+
+def test_gpt2_read_is_a_scratch_architecture_of_taxi_only() -> None:
+    assert parse_spec("scratch:dangerous_taxi:gpt2_read") == ("dangerous_taxi", "gpt2_read")
+    with pytest.raises(ValueError, match="dangerous_taxi only; use scratch:auto_explore:gpt2"):
+        parse_spec("scratch:auto_explore:gpt2_read")
+
+
+def test_the_reading_pretraining_trains_in_place_and_scores_each_reading_kind(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    from reflectrl.data.pretrain_taxi import READING_KINDS
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_dir, model_dir)
+    before = {k: v.clone() for k, v in load_causal_lm(model_dir).state_dict().items()}
+    pretrain_copy(model_dir, steps=2, batch_rows=1, scored_per_kind=2, reading=True)
+    after = load_causal_lm(model_dir).state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    figures = json.loads((model_dir / "pretrain.json").read_text())
+    assert set(figures["accuracy"]) == set(READING_KINDS)

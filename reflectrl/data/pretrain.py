@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -58,8 +58,19 @@ def vocabulary_words(tokenizer: Any) -> list[str]:
     return sorted(words)
 
 
+class TextSource(Protocol):
+    """Seeded examples of a few kinds (this module's `SyntheticText`, or an env's reading text
+    such as reflectrl/data/pretrain_taxi.py's)."""
+
+    kinds: tuple[str, ...]
+
+    def example(self, kind: str | None = None) -> Example: ...
+
+
 class SyntheticText:
     """Examples of every kind, drawn from a seeded generator."""
+
+    kinds = KINDS
 
     def __init__(self, words: list[str], seed: int) -> None:
         self.words = words
@@ -144,7 +155,7 @@ def encode(tokenizer: Any, example: Example) -> tuple[list[int], list[int]]:
 
 
 def packed_batch(
-    tokenizer: Any, text: SyntheticText, rows: int, length: int = SEQUENCE_TOKENS
+    tokenizer: Any, text: TextSource, rows: int, length: int = SEQUENCE_TOKENS
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`rows` rows of `length` tokens, each packed with whole examples; targets shifted by one
     (the target at position t is the token at t + 1, or -100)."""
@@ -163,14 +174,12 @@ def packed_batch(
     return inputs, targets
 
 
-def accuracy(model: Any, tokenizer: Any, seed: int, per_kind: int = 64) -> dict[str, float]:
-    """Held-out share of examples (a generator seeded apart from training's) whose every answer
-    token is the model's argmax, per kind."""
-    words = vocabulary_words(tokenizer)
-    text = SyntheticText(words, seed + 1_000_003)
+def accuracy(model: Any, tokenizer: Any, text: TextSource, per_kind: int = 64) -> dict[str, float]:
+    """The share of `text`'s examples (held out: seeded apart from training's) whose every
+    answer token is the model's argmax, per kind."""
     shares = {}
     with torch.no_grad():
-        for kind in KINDS:
+        for kind in text.kinds:
             hits = 0
             for _ in range(per_kind):
                 ids, targets = encode(tokenizer, text.example(kind))
@@ -191,10 +200,18 @@ def pretrain(
     lr: float = 1e-3,
     log: Callable[[str], None] | None = None,
     scored_per_kind: int = 64,
+    make_text: Callable[[int], TextSource] | None = None,
 ) -> PretrainResult:
-    """Train `model` in place on synthetic text for `steps` steps (AdamW, linear warmup over the
-    first 5%, then constant), seeded; returns the losses and the held-out accuracy per kind."""
-    text = SyntheticText(vocabulary_words(tokenizer), seed)
+    """Train `model` in place for `steps` steps (AdamW, linear warmup over the first 5%, then
+    constant), seeded, on `make_text(seed)`'s examples (default: the synthetic copy and lookup
+    text over the tokenizer's words); returns the losses and the held-out accuracy per kind."""
+    if make_text is None:
+        words = vocabulary_words(tokenizer)
+
+        def make_text(seed: int) -> TextSource:
+            return SyntheticText(words, seed)
+
+    text = make_text(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     warmup = max(1, steps // 20)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
@@ -220,5 +237,5 @@ def pretrain(
         seconds=round(time.perf_counter() - started, 1),
         loss_first=round(losses[0], 4),
         loss_last=round(float(np.mean(losses[-20:])), 4),
-        accuracy=accuracy(model, tokenizer, seed, scored_per_kind),
+        accuracy=accuracy(model, tokenizer, make_text(seed + 1_000_003), scored_per_kind),
     )

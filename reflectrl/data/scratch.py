@@ -31,8 +31,12 @@ SCRATCH_RECIPE = "scratch-llama-v1"
 # token, so each cell of a text grid is one token at a fixed position.
 # llama_copy: the Llama after a short generic pretraining on synthetic copy and lookup text
 # (reflectrl/data/pretrain.py), so SFT starts from a trunk that can copy a name it saw.
-ARCHITECTURES = ("llama", "gpt2", "gpt2_cells", "llama_copy")
+# gpt2_read: the GPT-2 after a short pretraining on reading Taxi's map (which moves are blocked,
+# what a cell holds, where the target is; reflectrl/data/pretrain_taxi.py): DangerousTaxi only.
+ARCHITECTURES = ("llama", "gpt2", "gpt2_cells", "llama_copy", "gpt2_read")
+READING_ENVS = ("dangerous_taxi",)
 PRETRAIN_STEPS = 2000
+READING_PRETRAIN_STEPS = 800  # the reading kinds are few and short; ~1 s a step on 2 cores
 PRETRAIN_SEED = 0
 VOCAB_SIZE = 512
 CORPUS_SEED = 1234
@@ -47,6 +51,11 @@ def parse_spec(spec: str) -> tuple[str, str]:
         raise ValueError(
             f"model {spec!r}: unknown architecture {arch!r}; use scratch:{env_name} (a Llama) "
             f"or one of {', '.join(f'scratch:{env_name}:{a}' for a in ARCHITECTURES)}"
+        )
+    if arch == "gpt2_read" and env_name not in READING_ENVS:
+        raise ValueError(
+            f"model {spec!r}: the map-reading pretraining exists for "
+            f"{', '.join(READING_ENVS)} only; use scratch:{env_name}:gpt2"
         )
     return env_name, arch
 
@@ -133,18 +142,25 @@ def build(out: Path, env_name: str, arch: str, cache: Path, count_tokenizer: Any
     save(train_tokenizer(texts, cells=arch == "gpt2_cells"), out)
     if arch == "llama_copy":
         pretrain_copy(out)
+    if arch == "gpt2_read":
+        pretrain_copy(out, steps=READING_PRETRAIN_STEPS, reading=True)
 
 
 def pretrain_copy(
-    model_dir: Path, steps: int = PRETRAIN_STEPS, batch_rows: int = 16, scored_per_kind: int = 64
+    model_dir: Path,
+    steps: int = PRETRAIN_STEPS,
+    batch_rows: int = 16,
+    scored_per_kind: int = 64,
+    reading: bool = False,
 ) -> None:
-    """Pretrain the model in `model_dir` on synthetic copy and lookup text, in place; its
-    figures go to `pretrain.json` beside the weights."""
+    """Pretrain the model in `model_dir` in place, on synthetic copy and lookup text or (with
+    `reading`) on reading Taxi's map; its figures go to `pretrain.json` beside the weights."""
     import sys
     from dataclasses import asdict
 
     from reflectrl.atomic_files import write_json
     from reflectrl.data.pretrain import pretrain
+    from reflectrl.data.pretrain_taxi import TaxiReadingText
     from reflectrl.models.loading import load_causal_lm, load_tokenizer
 
     tokenizer = load_tokenizer(model_dir)
@@ -152,6 +168,7 @@ def pretrain_copy(
     result = pretrain(
         model, tokenizer, steps, PRETRAIN_SEED, batch_rows,
         log=lambda m: print(m, file=sys.stderr, flush=True), scored_per_kind=scored_per_kind,
+        make_text=TaxiReadingText if reading else None,
     )  # fmt: skip
     model.save_pretrained(model_dir)
     write_json(model_dir / "pretrain.json", asdict(result))
