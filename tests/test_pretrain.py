@@ -93,18 +93,22 @@ def test_llama_copy_is_a_scratch_architecture() -> None:
     assert dirname("auto_explore", "llama_copy") == "scratch-llama_copy-auto_explore"
 
 
+@pytest.mark.parametrize("reading", [False, True], ids=["copy", "taxi_reading"])
 def test_pretrain_copy_trains_in_place_and_writes_its_figures(
-    tiny_dir: Path, tmp_path: Path
+    tiny_dir: Path, tmp_path: Path, reading: bool
 ) -> None:
+    """Both texts (copy and lookup; reading Taxi's map) train in place and score each kind."""
+    from reflectrl.data.pretrain_taxi import READING_KINDS
+
     model_dir = tmp_path / "model"
     shutil.copytree(tiny_dir, model_dir)
     before = {k: v.clone() for k, v in load_causal_lm(model_dir).state_dict().items()}
-    pretrain_copy(model_dir, steps=2, batch_rows=1, scored_per_kind=2)
+    pretrain_copy(model_dir, steps=2, batch_rows=1, scored_per_kind=2, reading=reading)
     after = load_causal_lm(model_dir).state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
     figures = json.loads((model_dir / "pretrain.json").read_text())
     assert figures["steps"] == 2
-    assert set(figures["accuracy"]) == set(pretrain.KINDS)
+    assert set(figures["accuracy"]) == set(READING_KINDS if reading else pretrain.KINDS)
     assert all(0.0 <= share <= 1.0 for share in figures["accuracy"].values())
 
 
@@ -164,18 +168,3 @@ def test_gpt2_read_is_a_scratch_architecture_of_taxi_only() -> None:
     assert parse_spec("scratch:dangerous_taxi:gpt2_read") == ("dangerous_taxi", "gpt2_read")
     with pytest.raises(ValueError, match="dangerous_taxi only; use scratch:auto_explore:gpt2"):
         parse_spec("scratch:auto_explore:gpt2_read")
-
-
-def test_the_reading_pretraining_trains_in_place_and_scores_each_reading_kind(
-    tiny_dir: Path, tmp_path: Path
-) -> None:
-    from reflectrl.data.pretrain_taxi import READING_KINDS
-
-    model_dir = tmp_path / "model"
-    shutil.copytree(tiny_dir, model_dir)
-    before = {k: v.clone() for k, v in load_causal_lm(model_dir).state_dict().items()}
-    pretrain_copy(model_dir, steps=2, batch_rows=1, scored_per_kind=2, reading=True)
-    after = load_causal_lm(model_dir).state_dict()
-    assert any(not torch.equal(before[k], after[k]) for k in before)
-    figures = json.loads((model_dir / "pretrain.json").read_text())
-    assert set(figures["accuracy"]) == set(READING_KINDS)

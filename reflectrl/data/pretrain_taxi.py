@@ -5,7 +5,9 @@ as a pretrained LM's trunk brings reading to the paper's policy.
 Each example is one rendered observation of a uniformly drawn Taxi state (the grid and its
 status line, with the cells' coordinates on every other example) and a question about what it
 shows. No expert action, reward or start split enters: the answers are read off the drawing
-(and the fixed map the drawing shows). Three kinds, the loss on the answers only:
+(and the fixed map the drawing shows). States come from every undelivered one, held-out starts'
+included; no question says which action to take or how an episode ends. Three kinds, the loss on
+the answers only:
 - `blocked`: which moves from the taxi run into a wall or the edge (`north east`, or `none`);
 - `cell`: what is drawn at a row and column (`.`, `T`, `X`, `P` or `D`);
 - `offset`: where the taxi's target is from the taxi, in rows and columns (`2 south 1 west`,
