@@ -62,7 +62,7 @@ smoke: install
 TEST_PROCESSES ?= 2
 
 test: install browser
-	$(BIN)/python -m pytest -q -ra --durations=15 -n $(TEST_PROCESSES) --dist loadgroup $(ARGS)
+	$(BIN)/python -m pytest -q -ra --durations=30 -n $(TEST_PROCESSES) --dist loadgroup $(ARGS)
 
 # The page of `reflectrl play --html` is tested in headless Chromium: Debian's package (the
 # test drives it with playwright, which never downloads a browser of its own).
@@ -74,8 +74,8 @@ browser:
 			"apt-get install chromium (as root)"; exit 1; }
 
 lint: install
-	$(BIN)/ruff check reflectrl tests benchmarks
-	$(BIN)/ruff format --check reflectrl tests benchmarks
+	$(BIN)/ruff check reflectrl tests benchmarks diagnostics
+	$(BIN)/ruff format --check reflectrl tests benchmarks diagnostics
 	$(BIN)/lint-imports
 
 bench: install

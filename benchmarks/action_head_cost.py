@@ -33,13 +33,13 @@ CONFIGS = ("configs/cpu.yaml", "configs/auto_explore_cpu.yaml")
 def observation_rows(config_path: Path, rows: int, batch: int) -> tuple[Any, Any, dict]:
     """(config, model dir, `rows` observation rows of the text head's env as tensors)."""
     from reflectrl.config import load_config
-    from reflectrl.data.model_dirs import resolve_model
+    from reflectrl.data.scratch import resolve_or_build
     from reflectrl.models.loading import load_tokenizer
     from reflectrl.rollout.vector_env import ReflectRLVectorEnv
 
     overrides = ["reflection.enabled=false", "policy.action_head=text"]
     config = load_config(config_path, overrides)
-    model_dir = resolve_model(config.policy.model)
+    model_dir = resolve_or_build(config.policy.model)
     env = ReflectRLVectorEnv(config, load_tokenizer(model_dir), None, num_envs=batch)
     rng = np.random.default_rng(config.run.seed)
     obs, _ = env.reset(seed=config.run.seed)

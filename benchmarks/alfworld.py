@@ -23,8 +23,10 @@ from collections import defaultdict
 from pathlib import Path
 
 from benchmarks.common import print_table, write_results
-from reflectrl.envs.alfworld import TASK_TYPES, AlfWorldEnv, AlfWorldOptions, expert_action
+from reflectrl.envs.alfworld.env import AlfWorldEnv, AlfWorldOptions
+from reflectrl.envs.alfworld.expert import expert_action
 from reflectrl.envs.alfworld.generator import generate_games
+from reflectrl.envs.alfworld.tasks import TASK_TYPES
 
 
 def quantiles(values: list[float]) -> tuple[float, float]:

@@ -17,7 +17,7 @@ import numpy as np
 
 from benchmarks.common import print_table, write_results
 from reflectrl.config import ReflectRLConfig, load_config
-from reflectrl.data.model_dirs import resolve_model
+from reflectrl.data.scratch import resolve_or_build
 from reflectrl.reflection.server import VLLMServer
 
 TIME_SPLIT = ("env_worker_s", "reflection_worker_s", "policy_worker_s")
@@ -57,7 +57,7 @@ def reflection_server(config: ReflectRLConfig) -> VLLMServer:
     """The config's reflection model served by vLLM (use as a context manager), shared by every
     variant of a benchmark so they compare against the same server."""
     return VLLMServer(
-        resolve_model(config.reflection.model),
+        resolve_or_build(config.reflection.model),
         Path(tempfile.mkdtemp()) / "vllm.log",
         served_model_name=config.reflection.request_model,
         max_model_len=config.reflection.max_model_len,

@@ -20,13 +20,13 @@ from benchmarks.common import print_table, write_results
 def one_update(model: str, batch: int, tokens: int, checkpointing: bool) -> dict:
     import torch
 
-    from reflectrl.data.model_dirs import resolve_model
+    from reflectrl.data.scratch import resolve_or_build
     from reflectrl.models.loading import load_tokenizer
     from reflectrl.models.policy import OptionPolicy
     from reflectrl.text import prompts
     from reflectrl.text.tokens import label_token_ids
 
-    model_dir = resolve_model(model)
+    model_dir = resolve_or_build(model)
     labels = label_token_ids(load_tokenizer(model_dir), "123456", prompts.ACTION_MARKER)
     policy = OptionPolicy(model_dir, labels, gradient_checkpointing=checkpointing)
     policy.train()

@@ -58,7 +58,7 @@ def default_config(overrides: list[str]) -> Any:
 
 def record(path: Path, overrides: list[str]) -> None:
     """Sample one iteration of the default config, with reflections, and store its episodes."""
-    from reflectrl.data.model_dirs import resolve_model
+    from reflectrl.data.scratch import resolve_or_build
     from reflectrl.reflection.endpoint import ReflectionEndpoint
     from reflectrl.reflection.server import VLLMServer
     from tests.support.in_process import build_in_process
@@ -67,7 +67,7 @@ def record(path: Path, overrides: list[str]) -> None:
     r = config.reflection
     with tempfile.TemporaryDirectory() as tmp:
         server = VLLMServer(
-            resolve_model(r.model),
+            resolve_or_build(r.model),
             Path(tmp) / "vllm.log",
             served_model_name=r.served_model_name,
             max_model_len=r.max_model_len,
@@ -97,7 +97,7 @@ def run_variant(name: str, path: Path, overrides: list[str]) -> dict[str, Any]:
     from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
     from ray.rllib.core import DEFAULT_MODULE_ID
 
-    from reflectrl.data.model_dirs import resolve_model
+    from reflectrl.data.scratch import resolve_or_build
     from reflectrl.models.loading import load_tokenizer
     from reflectrl.rollout.vector_env import ReflectRLVectorEnv
     from tests.support.in_process import build_learner, in_process_ppo_config, ppo_update
@@ -108,7 +108,7 @@ def run_variant(name: str, path: Path, overrides: list[str]) -> dict[str, Any]:
     ppo_config = in_process_ppo_config(
         config, learner_class=learner_class, policy_overrides=VARIANTS[name]
     )
-    env = ReflectRLVectorEnv(config, load_tokenizer(resolve_model(config.policy.model)), None, 1)
+    env = ReflectRLVectorEnv(config, load_tokenizer(resolve_or_build(config.policy.model)), None, 1)
     learner = build_learner(ppo_config, env)
     forwarded = {"update_rows": 0, "update_tokens": 0, "value_rows": 0, "value_tokens": 0}
 

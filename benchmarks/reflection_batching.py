@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from reflectrl.data.model_dirs import resolve_model
+from reflectrl.data.scratch import resolve_or_build
 from reflectrl.reflection.client import ReflectionClient
 from reflectrl.reflection.server import VLLMServer
 
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.url:
         rows = measure(args.url, args.served_name, args.n, args)
     else:
-        model_dir = resolve_model(args.model)
+        model_dir = resolve_or_build(args.model)
         log = Path(tempfile.mkdtemp(prefix="reflectrl-bench-")) / "vllm.log"
         print(f"starting vLLM for {model_dir} (log {log})", flush=True)
         server = VLLMServer(model_dir, log, served_model_name=args.served_name, device=args.device)

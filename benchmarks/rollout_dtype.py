@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 def policy_rows(model: str, rows: int, seed: int = 0) -> tuple[Any, list[int], dict[str, Any]]:
     """(model dir, label token ids, {input_ids, attention_mask, option_mask} of `rows` rows)."""
     from reflectrl.config import load_config
-    from reflectrl.data.model_dirs import resolve_model
+    from reflectrl.data.scratch import resolve_or_build
     from reflectrl.models.loading import load_tokenizer
     from reflectrl.rollout.vector_env import ReflectRLVectorEnv
     from reflectrl.text import prompts
@@ -44,7 +44,7 @@ def policy_rows(model: str, rows: int, seed: int = 0) -> tuple[Any, list[int], d
 
     overrides = [f"policy.model={model}", "reflection.enabled=false", f"run.seed={seed}"]
     config = load_config(REPO / "configs" / "gpu.yaml", overrides)
-    model_dir = resolve_model(model)
+    model_dir = resolve_or_build(model)
     tokenizer = load_tokenizer(model_dir)
     env = ReflectRLVectorEnv(config, tokenizer, None, num_envs=16)
     labels = label_token_ids(tokenizer, config.policy.labels[:6], prompts.ACTION_MARKER)

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.common import print_table, write_results
-from reflectrl.data.model_dirs import resolve_model
+from reflectrl.data.scratch import resolve_or_build
 from reflectrl.reflection import server as vllm_server
 
 PROMPT = "The taxi is at row 2, column 3; the passenger waits at R. " * 8
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="tiny", help="tiny, smollm2 or a model directory")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
-    model_dir = resolve_model(args.model)
+    model_dir = resolve_or_build(args.model)
     if vllm_server.CPU_ENV.get(MULTIPROCESSING) != "0":
         parser.error(f"CPU_ENV no longer sets {MULTIPROCESSING}=0")
     variants = {"mp": "1", "inproc": "0"}

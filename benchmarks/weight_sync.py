@@ -15,7 +15,7 @@ import torch
 
 from benchmarks.common import print_table, write_results
 from reflectrl.config import load_config
-from reflectrl.data.model_dirs import resolve_model
+from reflectrl.data.scratch import resolve_or_build
 from reflectrl.models.loading import load_tokenizer
 from reflectrl.rl.rl_module import ReflectRLModule, module_config, state_nbytes
 from reflectrl.text import prompts
@@ -25,7 +25,7 @@ from reflectrl.text.tokens import label_token_ids
 def build(spec: str) -> ReflectRLModule:
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
-    model_dir = resolve_model(spec)
+    model_dir = resolve_or_build(spec)
     tokenizer = load_tokenizer(model_dir)
     obs_space = gym.spaces.Dict(
         {

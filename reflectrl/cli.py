@@ -34,6 +34,7 @@ COMMAND_MODULES: tuple[str, ...] = (
 
 def run_launch(args: argparse.Namespace) -> int:
     from reflectrl.config import machine_recipe
+    from reflectrl.console import LibraryOutput
     from reflectrl.pipeline import LaunchOptions, launch
 
     config_path = args.config
@@ -49,7 +50,10 @@ def run_launch(args: argparse.Namespace) -> int:
         address=args.address,
         resume=args.resume,
     )
-    print(f"done: {launch(options)}")
+    # What Ray, RLlib and the model libraries print goes to the run's launch.log.
+    with LibraryOutput() as output:
+        run_dir = launch(options, output)
+    print(f"done: {run_dir}")
     return 0
 
 

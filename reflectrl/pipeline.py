@@ -25,12 +25,15 @@ from reflectrl.atomic_files import write_json, write_text
 from reflectrl.cluster.node_files import Packed, pack_dir, unpack_dir
 from reflectrl.cluster.ray_init import init_ray
 from reflectrl.config import ReflectRLConfig, dump_config, load_config
+from reflectrl.console import LibraryOutput
+from reflectrl.data.scratch import build_model
 from reflectrl.errors import ConfigError, ReflectRLError
 from reflectrl.preflight import check_run, preflight
 from reflectrl.provenance import record_launch
 from reflectrl.reflection.actor import ReflectionServers
 from reflectrl.run_dir import (
     CONFIG_FILE,
+    LAUNCH_LOG,
     RUN_MARKERS,
     enabled_stages,
     latest_checkpoint,
@@ -86,7 +89,7 @@ class StageContext:
     workers: int
     resume_from: Path | None
     # The local reflection servers, shared by the rl and eval stages.
-    servers: ReflectionServers = field(default_factory=ReflectionServers)
+    servers: ReflectionServers = field(default_factory=lambda: ReflectionServers(build_model))
 
 
 def data_stage(ctx: StageContext) -> dict[str, Any]:
@@ -270,7 +273,9 @@ STAGE_RUNNERS: dict[str, Callable[[StageContext], dict[str, Any]]] = {
 }
 
 
-def launch(opts: LaunchOptions) -> Path:
+def launch(opts: LaunchOptions, output: LibraryOutput | None = None) -> Path:
+    """Run the stages of `opts`' run. `output`: the libraries' stderr, moved into the run's
+    launch.log once the run directory exists."""
     config, run_dir, resume_from = resolve_run(opts)
     stages = enabled_stages(config)
     todo = stages_to_run(config, run_dir, stages)
@@ -287,6 +292,8 @@ def launch(opts: LaunchOptions) -> Path:
     # there.
     dashboard = init_ray(opts.address, config, opts.workers)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if output is not None:
+        output.into(run_dir / LAUNCH_LOG)
     if not (run_dir / CONFIG_FILE).exists():
         write_text(run_dir / CONFIG_FILE, dump_config(config))
     changed = record_launch(run_dir)
@@ -298,6 +305,8 @@ def launch(opts: LaunchOptions) -> Path:
         )
     if dashboard:
         print(f"Ray dashboard: {dashboard}", flush=True)
+    if output is not None:
+        print(f"Ray, RLlib and library messages: {run_dir / LAUNCH_LOG}", flush=True)
     ctx = StageContext(config, run_dir, opts.workers, resume_from)
     try:
         # Creates the MLflow / W&B runs (config as params and artifact), or finds a resumed run's.

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reflectrl.config import ReflectRLConfig
-from reflectrl.data.model_dirs import resolve_model
+from reflectrl.data.scratch import resolve_or_build
 from reflectrl.envs.registry import env_splits, make_text_env
 from reflectrl.errors import ConfigError
 from reflectrl.models.adapters import (
@@ -30,7 +30,7 @@ class PolicySpec:
 
 def preflight(config: ReflectRLConfig) -> PolicySpec:
     """Everything that can fail on bad input, checked before Ray or vLLM start."""
-    model_dir = resolve_model(config.policy.model)
+    model_dir = resolve_or_build(config.policy.model)
     tokenizer = load_tokenizer(model_dir)
     env = make_text_env(config.env.name, config.env.options)
     config.curriculum.stages_of(env.stages)  # unknown stage names fail here
@@ -62,7 +62,7 @@ def preflight(config: ReflectRLConfig) -> PolicySpec:
         check_adapter_fits(adapter, model_dir, key)
     r = config.reflection
     if r.enabled and r.server == "local":
-        reflection_dir = resolve_model(r.model)
+        reflection_dir = resolve_or_build(r.model)
         if r.adapter:
             check_adapter_fits(r.adapter, reflection_dir, "reflection.adapter")
     return PolicySpec(model_dir=model_dir, label_token_ids=label_ids)

@@ -32,6 +32,7 @@ METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS_DIR = "checkpoints"
 STAGES_DIR = "stages"
 TRACKERS_FILE = "trackers.json"
+LAUNCH_LOG = "launch.log"  # what Ray, RLlib and the libraries print in the driver
 CHECKPOINT_STATE_FILE = "reflectrl_state.json"  # written last into a checkpoint's folder
 LATEST_CHECKPOINT = "latest"  # in CHECKPOINTS_DIR: names the newest whole checkpoint
 # What makes a folder a run (one of them is enough): `launch` refuses to start over it.

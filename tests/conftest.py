@@ -46,9 +46,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def tiny_dir() -> Path:
-    from reflectrl.data.model_dirs import resolve_model
+    from reflectrl.data.scratch import resolve_or_build
 
-    return resolve_model("tiny")
+    return resolve_or_build("tiny")
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -30,7 +31,7 @@ def check_dataset(config: Any, out: Path, rate_bounds: tuple[float, float]) -> l
     what the rollout worker's vector env renders for the same state and reflection. Returns
     the rows."""
     from reflectrl.data.demos import demonstrator_for
-    from reflectrl.data.model_dirs import resolve_model
+    from reflectrl.data.scratch import resolve_or_build
     from reflectrl.models.loading import load_tokenizer
     from reflectrl.rollout.vector_env import ReflectRLVectorEnv
     from reflectrl.seeding import hash_seed
@@ -38,7 +39,7 @@ def check_dataset(config: Any, out: Path, rate_bounds: tuple[float, float]) -> l
     rows = [json.loads(line) for line in (out / "data.jsonl").read_text().splitlines()]
     stats = json.loads((out / "stats.json").read_text())
     demo = demonstrator_for(config.env.name, config.data.expert)
-    tokenizer = load_tokenizer(resolve_model(config.policy.model))
+    tokenizer = load_tokenizer(resolve_or_build(config.policy.model))
 
     class RowReflection:  # hands the vector env the row's reflection, records its prompts
         def __init__(self) -> None:
@@ -134,3 +135,21 @@ def png_size(path: Path) -> tuple[int, int]:
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", f"{path} is not a PNG"
     width, height = struct.unpack(">II", data[16:24])
     return width, height
+
+
+# What Ray, RLlib, vLLM's client and transformers print on their own: a timestamped log line,
+# Ray's C++ core ("[2026-... E 123 123] core_worker.cc: ..."), warnings, progress bars.
+LIBRARY_LINE = re.compile(
+    r"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d|^\[\d{4}-\d\d-\d\d |core_worker|Warning:|gputil|"
+    r"Writing model shards|it/s\]|^\(\w+ pid=\d+\)"
+)
+OUR_STDERR = ("data: ", "eval: ")  # our progress lines on stderr (reflectrl/console.py)
+
+
+def assert_console_is_ours(result: subprocess.CompletedProcess[str], run_dir: Path) -> None:
+    """A launch's terminal shows our lines only; the libraries' went to the run's launch.log."""
+    leaked = [line for line in result.stdout.splitlines() if LIBRARY_LINE.search(line)]
+    leaked += [line for line in result.stderr.splitlines() if not line.startswith(OUR_STDERR)]
+    assert leaked == [], leaked[:10]
+    log = (run_dir / "launch.log").read_text()
+    assert "Started a local Ray instance" in log and LIBRARY_LINE.search(log), log[-2000:]

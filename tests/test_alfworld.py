@@ -19,19 +19,14 @@ from typing import Any
 
 import pytest
 
-from reflectrl.envs.alfworld import (
-    TASK_TYPES,
-    AlfWorldEnv,
-    AlfWorldOptions,
-    ExpertError,
-    expert_action,
-    expert_command,
-)
 from reflectrl.envs.alfworld import generator as gen
 from reflectrl.envs.alfworld.catalog import floor_plans
 from reflectrl.envs.alfworld.engine import Engine, capped_menu, replay
+from reflectrl.envs.alfworld.env import AlfWorldEnv, AlfWorldOptions
+from reflectrl.envs.alfworld.expert import ExpertError, expert_action, expert_command
 from reflectrl.envs.alfworld.games import GameDataError
 from reflectrl.envs.alfworld.scene import sample_scene
+from reflectrl.envs.alfworld.tasks import TASK_TYPES
 from reflectrl.envs.registry import env_names, make_text_env
 from reflectrl.errors import ConfigError
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from reflectrl.data.alfworld import DEMONSTRATORS, ObservableDemonstrator, sight_of
-from reflectrl.envs.alfworld import AlfWorldEnv, AlfWorldOptions
 from reflectrl.envs.alfworld import generator as gen
 from reflectrl.envs.alfworld.engine import Engine
+from reflectrl.envs.alfworld.env import AlfWorldEnv, AlfWorldOptions
 from reflectrl.envs.alfworld.explorer import ReceptaclePrior, Sight, decide, explore, parse_goal
 
 REPO = Path(__file__).resolve().parents[1]

@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.helpers import cli_env, run_cli
+from tests.helpers import assert_console_is_ours, cli_env, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"
@@ -101,6 +101,7 @@ def test_a_resume_after_a_killed_driver_equals_a_straight_run(tmp_path: Path) ->
         result = run_cli("launch", "--workers", "1", "--resume", str(killed), timeout=900)
         assert result.returncode == 0, result.stderr[-3000:]
         assert "iter    2/3" in result.stdout and "iter    1/3" not in result.stdout
+        assert_console_is_ours(result, killed)
         assert straight_run.wait(timeout=900) == 0, straight_log.read_text()[-3000:]
     finally:  # a failed check leaves no run behind
         for run in (straight_run, killed_run):

@@ -176,7 +176,7 @@ def checkpointed_run(sft_policy: Path, tmp_path_factory: pytest.TempPathFactory)
 
     from reflectrl.atomic_files import write_json, write_text
     from reflectrl.config import dump_config
-    from reflectrl.data.model_dirs import resolve_model
+    from reflectrl.data.scratch import resolve_or_build
     from reflectrl.models.policy import build_policy
     from reflectrl.run_dir import rl_config
     from reflectrl.sft.trainer import train_player
@@ -192,7 +192,7 @@ def checkpointed_run(sft_policy: Path, tmp_path_factory: pytest.TempPathFactory)
     plain = load_config(SMOKE, ["reflection.enabled=false"])  # (only the label tokens)
     env = ReflectRLVectorEnv(plain, load_tokenizer_of(derived), None, num_envs=1)
     policy = build_policy(
-        derived.policy, resolve_model("tiny"), env.label_ids, 0, for_rollouts=False
+        derived.policy, resolve_or_build("tiny"), env.label_ids, 0, for_rollouts=False
     )
     policy.load_sft_adapter(run / "sft" / "policy")
     perturb(policy, seed=1)
@@ -211,10 +211,10 @@ def checkpointed_run(sft_policy: Path, tmp_path_factory: pytest.TempPathFactory)
 
 
 def load_tokenizer_of(config: Any) -> Any:
-    from reflectrl.data.model_dirs import resolve_model
+    from reflectrl.data.scratch import resolve_or_build
     from reflectrl.models.loading import load_tokenizer
 
-    return load_tokenizer(resolve_model(config.policy.model))
+    return load_tokenizer(resolve_or_build(config.policy.model))
 
 
 def test_export_writes_players_that_plain_transformers_scores_as_reflectrl_does(
@@ -228,7 +228,7 @@ def test_export_writes_players_that_plain_transformers_scores_as_reflectrl_does(
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from reflectrl.data.model_dirs import resolve_model
+    from reflectrl.data.scratch import resolve_or_build
     from reflectrl.evaluation.export import final_source
     from reflectrl.evaluation.runner import eval_config, run_policy
     from reflectrl.models.loading import load_causal_lm
@@ -255,7 +255,9 @@ def test_export_writes_players_that_plain_transformers_scores_as_reflectrl_does(
     held_out = eval_config(load_config(run / "config.yaml", ["reflection.enabled=false"]))[0]
     env = ReflectRLVectorEnv(held_out, load_tokenizer_of(derived), None, num_envs=4)
     env.set_stage("full")
-    ours = build_policy(derived.policy, resolve_model("tiny"), env.label_ids, 0, for_rollouts=True)
+    ours = build_policy(
+        derived.policy, resolve_or_build("tiny"), env.label_ids, 0, for_rollouts=True
+    )
     source.load_into(ours)
     ours.eval()
 
@@ -286,7 +288,7 @@ def test_export_writes_players_that_plain_transformers_scores_as_reflectrl_does(
 
     reflection = AutoModelForCausalLM.from_pretrained(out / "reflection")
     served = PeftModel.from_pretrained(
-        load_causal_lm(resolve_model("tiny")), run / "sft" / "reflection"
+        load_causal_lm(resolve_or_build("tiny")), run / "sft" / "reflection"
     )
     ids = torch.as_tensor(obs["input_ids"][:2, :40])
     with torch.no_grad():

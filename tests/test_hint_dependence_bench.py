@@ -1,4 +1,4 @@
-"""`benchmarks/hint_dependence.py`: how far a policy's distribution depends on anything but the
+"""`diagnostics/hint_dependence.py`: how far a policy's distribution depends on anything but the
 reflection's hint, computed by hand on four prompts."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from benchmarks.hint_dependence import hint_dependence
+from diagnostics.hint_dependence import hint_dependence
 
 # ACTIONS[0] is "go south", ACTIONS[1] "go north". Shortest-path actions get 0
-# (oracle_advantages' A(s, a)), the others < 0.
+# (diagnostics.taxi_prompts' A(s, a)), the others < 0.
 RIGHT_SOUTH = [0.0, -2.0, -2.0, -2.0, -3.0, -3.0]
 WRONG_SOUTH = [-2.0, 0.0, -2.0, -2.0, -3.0, -3.0]
 

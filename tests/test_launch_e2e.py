@@ -15,7 +15,7 @@ import pytest
 
 from reflectrl.config import load_config
 from tests.fake_openai_server import MODEL as REFLECTOR
-from tests.helpers import png_size, run_cli
+from tests.helpers import assert_console_is_ours, png_size, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"
@@ -65,6 +65,7 @@ def test_cli_smoke_pipeline_runs_every_stage_and_resumes(
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Ray dashboard: http://127.0.0.1:" in result.stdout
+    assert_console_is_ours(result, run)
     # Within each iteration: heartbeat lines with the phase and env steps so far (learning
     # takes well under a second here; its lines: test_heartbeat_shows_the_learning_phase).
     beats = [line for line in result.stdout.splitlines() if line.startswith("  [iter ")]

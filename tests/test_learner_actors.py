@@ -227,13 +227,13 @@ def test_rollout_workers_score_in_bfloat16(ray4: Any, tmp_path: Path) -> None:
     from ray.rllib.core import DEFAULT_MODULE_ID
     from ray.rllib.core.columns import Columns
 
-    from reflectrl.data.model_dirs import resolve_model
+    from reflectrl.data.scratch import resolve_or_build
     from reflectrl.models.loading import load_tokenizer
     from reflectrl.rl.driver import Run
     from reflectrl.rollout.vector_env import ReflectRLVectorEnv
 
     config = config_with("policy.dtype=bfloat16")
-    tokenizer = load_tokenizer(resolve_model("tiny"))
+    tokenizer = load_tokenizer(resolve_or_build("tiny"))
     env = ReflectRLVectorEnv(config, tokenizer, None, num_envs=2)
     obs, _ = env.reset(seed=0)
     batch = {Columns.OBS: {k: torch.as_tensor(v) for k, v in obs.items()}}

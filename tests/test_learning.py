@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 # east of the passenger ("go west", then the pick-up). Every other first action ends the
 # episode or wastes a step. The decision rests on what the observation says; telling grids
 # apart by the taxi's cell alone is what a random-init trunk cannot do quickly
-# (benchmarks/grid_separation.py).
+# (diagnostics/grid_separation.py).
 HANDFUL = [2, 21, 84, 408, 492]
 
 
@@ -54,7 +54,7 @@ def train_on_the_handful(
     2 rollout workers; `each(run)` is called after every iteration."""
     import ray
 
-    from reflectrl.data.model_dirs import resolve_model
+    from reflectrl.data.scratch import resolve_or_build
     from reflectrl.evaluation.episodes import play
     from reflectrl.models.loading import load_tokenizer
     from reflectrl.rl.driver import Run
@@ -62,7 +62,7 @@ def train_on_the_handful(
     from tests.support.policy_copy import policy_copy
 
     config = load_config(REPO / "configs" / "smoke.yaml", [*FROM_REWARD, *overrides])
-    tokenizer = load_tokenizer(resolve_model(config.policy.model))
+    tokenizer = load_tokenizer(resolve_or_build(config.policy.model))
     eval_env = ReflectRLVectorEnv(config, tokenizer, None, num_envs=len(HANDFUL))
     eval_env.set_stage("pickup")
     starts = [str(s) for s in HANDFUL]

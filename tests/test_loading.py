@@ -10,10 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from reflectrl.data import model_dirs
-from reflectrl.data.model_dirs import default_cache_dir, resolve_model
+from reflectrl.data.scratch import resolve_or_build
 from reflectrl.errors import ModelLoadError
+from reflectrl.models import model_dirs
 from reflectrl.models.loading import load_causal_lm, load_tokenizer, zero_dropout_config
+from reflectrl.models.model_dirs import default_cache_dir, resolve_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -193,7 +194,30 @@ def test_smollm2_conversion(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 @pytest.fixture(scope="module")
 def scratch_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return resolve_model("scratch:dangerous_taxi", tmp_path_factory.mktemp("cache"))
+    return resolve_or_build("scratch:dangerous_taxi", tmp_path_factory.mktemp("cache"))
+
+
+def test_a_scratch_model_is_built_only_by_the_builder_handed_in(tmp_path: Path) -> None:
+    """models/ cannot render env episodes: without a builder an unbuilt scratch model is one
+    clear error; with one, it is built once into the cache and found there afterwards."""
+    with pytest.raises(ModelLoadError) as err:
+        resolve_model("scratch:dangerous_taxi", tmp_path)
+    assert "is not built" in str(err.value) and "resolve_or_build" in str(err.value)
+    assert "\n" not in str(err.value)
+    calls: list[tuple[str, str]] = []
+
+    def build(out: Path, env_name: str, arch: str) -> None:
+        calls.append((env_name, arch))
+        (out / "config.json").write_text("{}")
+
+    built = resolve_model("scratch:dangerous_taxi:gpt2", tmp_path, build_scratch=build)
+    assert calls == [("dangerous_taxi", "gpt2")]
+    assert built == tmp_path / "models" / model_dirs.scratch_dirname("dangerous_taxi", "gpt2")
+    assert resolve_model("scratch:dangerous_taxi:gpt2", tmp_path) == built
+    assert resolve_model("scratch:dangerous_taxi:gpt2", tmp_path, build_scratch=build) == built
+    assert len(calls) == 1
+    with pytest.raises(ModelLoadError, match="unknown architecture"):
+        resolve_model("scratch:dangerous_taxi:bert", tmp_path, build_scratch=build)
 
 
 def test_scratch_model_speaks_taxi_in_few_ids(scratch_dir: Path) -> None:
@@ -228,7 +252,7 @@ def test_scratch_gpt2_shares_the_tokenizer_and_lora_targets_are_checked(scratch_
     from reflectrl.errors import ModelLoadError
     from reflectrl.models.adapters import check_lora_targets
 
-    gpt2_dir = resolve_model("scratch:dangerous_taxi:gpt2", scratch_dir.parent.parent)
+    gpt2_dir = resolve_or_build("scratch:dangerous_taxi:gpt2", scratch_dir.parent.parent)
     assert gpt2_dir.name == "scratch-gpt2-dangerous_taxi"
     assert (gpt2_dir / "tokenizer.json").read_text() == (scratch_dir / "tokenizer.json").read_text()
     model = load_causal_lm(gpt2_dir)
@@ -274,7 +298,7 @@ def test_scratch_model_for_auto_explore_keeps_its_40_labels_whole(
     from reflectrl.text.tokens import label_token_ids
 
     cache = tmp_path_factory.mktemp("cache")
-    tokenizer = load_tokenizer(resolve_model("scratch:auto_explore", cache))
+    tokenizer = load_tokenizer(resolve_or_build("scratch:auto_explore", cache))
     labels = "123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcde"
     assert len(set(label_token_ids(tokenizer, labels, prompts.ACTION_MARKER))) == 40
     corpus = get_env_spec("auto_explore").corpus_config
@@ -304,7 +328,7 @@ def test_scratch_model_for_alfworld_keeps_its_60_labels_whole(
     from reflectrl.text.tokens import label_token_ids
 
     cache = tmp_path_factory.mktemp("cache")
-    tokenizer = load_tokenizer(resolve_model("scratch:alfworld", cache))
+    tokenizer = load_tokenizer(resolve_or_build("scratch:alfworld", cache))
     labels = "123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxy"
     assert len(set(label_token_ids(tokenizer, labels, prompts.ACTION_MARKER))) == 60
     games = tmp_path_factory.mktemp("games") / "games"

@@ -1,11 +1,11 @@
-"""`benchmarks/menu_lookup.py --pretrain`: a drill row asks for every menu line once, and its
+"""`diagnostics/menu_lookup.py --pretrain`: a drill row asks for every menu line once, and its
 loss is taken where the next token is the asked line's label."""
 
 from __future__ import annotations
 
 import random
 
-from benchmarks.menu_lookup import LABELS, drill_row, drill_targets
+from diagnostics.menu_lookup import LABELS, drill_row, drill_targets
 from reflectrl.data.scratch import train_tokenizer
 from reflectrl.text.prompts import ACTION_MARKER, MENU_HEADER
 

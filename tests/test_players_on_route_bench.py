@@ -1,8 +1,8 @@
-"""benchmarks/players_on_route.py reads a reflection's hint as the menu command it quotes last."""
+"""diagnostics/players_on_route.py reads a reflection's hint as the menu command it quotes last."""
 
 from __future__ import annotations
 
-from benchmarks.players_on_route import hinted
+from diagnostics.players_on_route import hinted
 
 MENU = ["ls", "ls -la", "cat a.py", "cd src"]
 

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from reflectrl.data import pretrain
-from reflectrl.data.scratch import ARCHITECTURES, dirname, parse_spec, pretrain_copy
+from reflectrl.data.scratch import pretrain_copy
 from reflectrl.models.loading import load_causal_lm
+from reflectrl.models.model_dirs import SCRATCH_ARCHITECTURES, parse_scratch_spec, scratch_dirname
 
 
 @pytest.fixture(scope="module")
@@ -88,9 +89,9 @@ def test_the_loss_is_on_answers_only(words: list[str], tokenizer: Any) -> None:
 
 
 def test_llama_copy_is_a_scratch_architecture() -> None:
-    assert "llama_copy" in ARCHITECTURES
-    assert parse_spec("scratch:auto_explore:llama_copy") == ("auto_explore", "llama_copy")
-    assert dirname("auto_explore", "llama_copy") == "scratch-llama_copy-auto_explore"
+    assert "llama_copy" in SCRATCH_ARCHITECTURES
+    assert parse_scratch_spec("scratch:auto_explore:llama_copy") == ("auto_explore", "llama_copy")
+    assert scratch_dirname("auto_explore", "llama_copy") == "scratch-llama_copy-auto_explore"
 
 
 @pytest.mark.parametrize("reading", [False, True], ids=["copy", "taxi_reading"])
@@ -165,6 +166,6 @@ def test_the_taxi_reading_text_is_seeded_and_mixes_its_kinds() -> None:
 
 
 def test_gpt2_read_is_a_scratch_architecture_of_taxi_only() -> None:
-    assert parse_spec("scratch:dangerous_taxi:gpt2_read") == ("dangerous_taxi", "gpt2_read")
+    assert parse_scratch_spec("scratch:dangerous_taxi:gpt2_read") == ("dangerous_taxi", "gpt2_read")
     with pytest.raises(ValueError, match="dangerous_taxi only; use scratch:auto_explore:gpt2"):
-        parse_spec("scratch:auto_explore:gpt2_read")
+        parse_scratch_spec("scratch:auto_explore:gpt2_read")

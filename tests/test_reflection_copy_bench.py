@@ -1,4 +1,4 @@
-"""benchmarks/reflection_copy.py scores the command a reflection quotes last, token for token,
+"""diagnostics/reflection_copy.py scores the command a reflection quotes last, token for token,
 and weighs it in the loss as asked."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.reflection_copy import command_accuracy, completion_loss, reflection_rows
+from diagnostics.reflection_copy import command_accuracy, completion_loss, reflection_rows
 
 ROWS = [
     ("train", 'Mistake: "cat a.py" showed a.py. Fix it with "cat config.py".', "cat config.py"),
@@ -69,7 +69,7 @@ def test_command_accuracy_and_weighting(tmp_path: Path, tokenizer: Any) -> None:
 
 
 def test_errors_are_sorted_by_what_the_screen_shows(tmp_path: Path) -> None:
-    from benchmarks.reflection_errors import outcome, screen
+    from diagnostics.reflection_errors import outcome, screen
     from tests.test_auto_explore_env import build_repo, make_env, reset_to
 
     env = make_env(tmp_path, build_repo(tmp_path))
@@ -96,7 +96,7 @@ def test_errors_are_sorted_by_what_the_screen_shows(tmp_path: Path) -> None:
 def test_renamed_rows_keep_the_experts_choice_under_new_names() -> None:
     import random
 
-    from benchmarks.reflection_copy import renamed
+    from diagnostics.reflection_copy import renamed
 
     prompt = (
         "Which file defines the class `ModelConfig`? Explore the repository.\n"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from reflectrl.data.model_dirs import resolve_model
+from reflectrl.data.scratch import resolve_or_build
 from reflectrl.errors import ReflectionServerError
 from reflectrl.reflection.client import ReflectionClient, quoted_commands_regex
 from reflectrl.reflection.server import VLLMServer, group_members, summarize_log
@@ -103,7 +103,7 @@ def test_wait_ready_reports_early_death_with_log_line(
 
 @pytest.fixture(scope="module")
 def scratch_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return resolve_model("scratch:dangerous_taxi", tmp_path_factory.mktemp("cache"))
+    return resolve_or_build("scratch:dangerous_taxi", tmp_path_factory.mktemp("cache"))
 
 
 @pytest.mark.integration
@@ -197,3 +197,24 @@ def test_gpu_recipe_serves_in_bf16_within_its_memory_share(tmp_path: Path) -> No
     cpu_args = vllm_server(cpu, tmp_path / "log", api_key=None).command()
     assert cpu_args[cpu_args.index("--dtype") + 1] == "float32" and "--enforce-eager" in cpu_args
     assert "--gpu-memory-utilization" not in cpu_args
+
+
+def test_a_replica_counts_restarts_within_its_launch_only(tmp_path: Path) -> None:
+    """The pgid file a replica leaves names its launch: a restart by Ray in the same launch
+    counts, a server left by an earlier launch of the run (then --resume) is killed but is no
+    restart of this one."""
+    import subprocess
+
+    from reflectrl.reflection.actor import _record_start, _write_pgid
+
+    pgid_file = tmp_path / "reflection_server.pgid"
+    assert _record_start(pgid_file, "launch-a") == 1  # no file yet
+    _write_pgid(pgid_file, None, 1, "launch-a")
+    assert _record_start(pgid_file, "launch-a") == 2  # Ray restarted the replica
+    _write_pgid(pgid_file, None, 2, "launch-a")
+    assert _record_start(pgid_file, "launch-b") == 1  # a resume: a new launch
+    # The earlier launch's server (its own process group) is killed either way.
+    orphan = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    _write_pgid(pgid_file, orphan.pid, 3, "launch-a")
+    assert _record_start(pgid_file, "launch-b") == 1
+    assert orphan.wait(timeout=10) == -9

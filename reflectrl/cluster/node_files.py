@@ -10,7 +10,7 @@ import hashlib
 from pathlib import Path
 
 from reflectrl.atomic_files import atomic_dir
-from reflectrl.data.model_dirs import default_cache_dir
+from reflectrl.models.model_dirs import default_cache_dir
 
 Packed = dict[str, bytes]  # relative path -> contents
 

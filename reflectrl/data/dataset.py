@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -30,9 +29,10 @@ import numpy as np
 
 from reflectrl.atomic_files import atomic_path, write_json
 from reflectrl.config import ReflectRLConfig
+from reflectrl.console import say
 from reflectrl.data.demos import demonstrator_for
 from reflectrl.data.episodes import episode_steps
-from reflectrl.data.model_dirs import resolve_model
+from reflectrl.data.scratch import resolve_or_build
 from reflectrl.data.writers import ApiWriter, TemplateWriter
 from reflectrl.envs.registry import make_text_env
 from reflectrl.errors import ConfigError
@@ -80,8 +80,8 @@ def write_dataset(
     demo = demonstrator_for(config.env.name, config.data.expert)
     writer = writer or make_writer(config)
     env = make_text_env(config.env.name, {**config.env.options, "split": demo.train_split})
-    policy_dir = resolve_model(config.policy.model)
-    reflection_dir = resolve_model(config.reflection.model)
+    policy_dir = resolve_or_build(config.policy.model)
+    reflection_dir = resolve_or_build(config.reflection.model)
     tokenizer = load_tokenizer(policy_dir)
     reflection_tokenizer = (
         tokenizer if reflection_dir == policy_dir else load_tokenizer(reflection_dir)
@@ -140,9 +140,7 @@ def write_dataset(
                 )
             counts["episodes"] += 1
             if progress and (e + 1) % max(1, episodes // 10) == 0:
-                print(
-                    f"data: {e + 1}/{episodes} episodes, {counts['steps']} steps", file=sys.stderr
-                )
+                say(f"data: {e + 1}/{episodes} episodes, {counts['steps']} steps")
     stats = {
         **dict(counts),
         "eval_episodes": n_eval,

@@ -5,7 +5,7 @@ over a tokenizer that keeps every grid cell one token).
 
 Why GPT-2 too: its learned absolute positions let two layers read a grid cell by where it sits
 in the prompt. Told the answer, the Llama trunk (rotary positions) predicts 0.57 of Taxi's
-held-out first moves and a GPT-2 trunk of this shape 0.75 (benchmarks/grid_reading.py).
+held-out first moves and a GPT-2 trunk of this shape 0.75 (diagnostics/grid_reading.py).
 
 Why: on a CPU the embedding and LM head over a 49k-id vocabulary dominate a tiny model's cost
 (~10x the rest); a few hundred ids trained on the text the env really shows keep a 0.4M-param
@@ -25,16 +25,9 @@ from typing import Any
 
 import numpy as np
 
-SCRATCH_PREFIX = "scratch:"
-SCRATCH_RECIPE = "scratch-llama-v1"
-# gpt2_cells: the GPT-2 over a tokenizer that gives every space and punctuation mark its own
-# token, so each cell of a text grid is one token at a fixed position.
-# llama_copy: the Llama after a short generic pretraining on synthetic copy and lookup text
-# (reflectrl/data/pretrain.py), so SFT starts from a trunk that can copy a name it saw.
-# gpt2_read: the GPT-2 after a short pretraining on reading Taxi's map (which moves are blocked,
-# what a cell holds, where the target is; reflectrl/data/pretrain_taxi.py): DangerousTaxi only.
-ARCHITECTURES = ("llama", "gpt2", "gpt2_cells", "llama_copy", "gpt2_read")
-READING_ENVS = ("dangerous_taxi",)
+from reflectrl.console import say
+from reflectrl.models.model_dirs import default_cache_dir, resolve_model, smollm2_tokenizer
+
 PRETRAIN_STEPS = 2000
 READING_PRETRAIN_STEPS = 800  # the reading kinds are few and short; ~1 s a step on 2 cores
 PRETRAIN_SEED = 0
@@ -43,25 +36,17 @@ CORPUS_SEED = 1234
 SPECIALS = ("<|endoftext|>", "<|pad|>")
 
 
-def parse_spec(spec: str) -> tuple[str, str]:
-    """(env, architecture) of `scratch:<env>` (a Llama) or `scratch:<env>:<arch>`."""
-    env_name, _, arch = spec[len(SCRATCH_PREFIX) :].partition(":")
-    arch = arch or "llama"
-    if arch not in ARCHITECTURES:
-        raise ValueError(
-            f"model {spec!r}: unknown architecture {arch!r}; use scratch:{env_name} (a Llama) "
-            f"or one of {', '.join(f'scratch:{env_name}:{a}' for a in ARCHITECTURES)}"
-        )
-    if arch == "gpt2_read" and env_name not in READING_ENVS:
-        raise ValueError(
-            f"model {spec!r}: the map-reading pretraining exists for "
-            f"{', '.join(READING_ENVS)} only; use scratch:{env_name}:gpt2"
-        )
-    return env_name, arch
+def resolve_or_build(spec: str, cache_dir: Path | None = None) -> Path:
+    """`resolve_model(spec)`, building a scratch model first where this machine lacks it."""
+    return resolve_model(spec, cache_dir, build_scratch=build_model)
 
 
-def dirname(env_name: str, arch: str = "llama") -> str:
-    return f"scratch-{env_name}" if arch == "llama" else f"scratch-{arch}-{env_name}"
+def build_model(out: Path, env_name: str, arch: str) -> None:
+    """The scratch builder `resolve_model` takes. The corpus and the tokenizer that measures
+    it come from the user's cache, not the model's: a scratch model built anywhere is the
+    same model."""
+    shared = default_cache_dir()
+    build(out, env_name, arch, shared, smollm2_tokenizer(shared))
 
 
 def corpus(
@@ -155,7 +140,6 @@ def pretrain_copy(
 ) -> None:
     """Pretrain the model in `model_dir` in place, on synthetic copy and lookup text or (with
     `reading`) on reading Taxi's map; its figures go to `pretrain.json` beside the weights."""
-    import sys
     from dataclasses import asdict
 
     from reflectrl.atomic_files import write_json
@@ -167,7 +151,7 @@ def pretrain_copy(
     model = load_causal_lm(model_dir)
     result = pretrain(
         model, tokenizer, steps, PRETRAIN_SEED, batch_rows,
-        log=lambda m: print(m, file=sys.stderr, flush=True), scored_per_kind=scored_per_kind,
+        log=say, scored_per_kind=scored_per_kind,
         make_text=TaxiReadingText if reading else None,
     )  # fmt: skip
     model.save_pretrained(model_dir)

@@ -72,7 +72,7 @@ def make_text_env(name: str, options: dict[str, Any] | BaseModel | None = None) 
 BUILTIN_ENV_MODULES = (
     "reflectrl.envs.taxi",
     "reflectrl.envs.auto_explore",
-    "reflectrl.envs.alfworld",
+    "reflectrl.envs.alfworld.env",
 )
 
 

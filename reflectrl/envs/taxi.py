@@ -73,7 +73,7 @@ class TaxiOptions(BaseModel):
     # status line below the grid. The grid shows the same facts, but a byte-level BPE merges
     # its runs of `.`, `|` and blanks differently around each letter, so where a letter sits
     # in the token sequence varies; a small model reads the named cells far more easily
-    # (benchmarks/grid_reading.py).
+    # (diagnostics/grid_reading.py).
     coordinates: bool = False
 
     @field_validator("starts")

@@ -105,6 +105,7 @@ def evaluate_with(
     """On a running Ray: evaluate, with the reflection server the config serves. `servers`
     (ReflectionServers) are reused when they serve the same model, else started here (log:
     `home/eval_reflection_server.log`) and stopped after."""
+    from reflectrl.data.scratch import build_model
     from reflectrl.evaluation.report import sft_observations
     from reflectrl.evaluation.runner import Evaluator, eval_config
     from reflectrl.reflection.actor import ReflectionServers
@@ -112,7 +113,7 @@ def evaluate_with(
 
     eval_config(config)  # a bad split or stage fails before anything starts
     own = servers is None
-    servers = ReflectionServers() if own else servers
+    servers = ReflectionServers(build_model) if own else servers
     evaluator = None
     try:
         endpoint = None

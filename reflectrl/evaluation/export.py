@@ -133,7 +133,7 @@ def export_reflection(run_dir: Path, config: ReflectRLConfig, out: Path) -> Expo
     import torch
     from peft import PeftModel
 
-    from reflectrl.data.model_dirs import resolve_model
+    from reflectrl.data.scratch import resolve_or_build
     from reflectrl.models.loading import load_causal_lm, load_tokenizer
     from reflectrl.run_dir import rl_config
 
@@ -142,7 +142,7 @@ def export_reflection(run_dir: Path, config: ReflectRLConfig, out: Path) -> Expo
         print("export: reflection: the run serves none of its own (reflection.server=url or "
               "reflection.enabled=false); not exported", flush=True)  # fmt: skip
         return None
-    model_dir = resolve_model(r.model)
+    model_dir = resolve_or_build(r.model)
     print(f"export: reflection: {model_dir}" + (f" + {r.adapter}" if r.adapter else ""))
     model = load_causal_lm(model_dir)
     if r.adapter:

@@ -207,7 +207,7 @@ def play_run(
     import ray
 
     from reflectrl.cluster.ray_init import init_ray
-    from reflectrl.data.model_dirs import resolve_model
+    from reflectrl.data.scratch import build_model, resolve_or_build
     from reflectrl.evaluation.runner import held_out_starts
     from reflectrl.models.policy import build_policy
     from reflectrl.reflection.actor import ReflectionServers
@@ -215,7 +215,7 @@ def play_run(
     from reflectrl.rollout.env_creator import make_vector_env
 
     init_ray(args.address, config, 1)
-    servers = ReflectionServers()
+    servers = ReflectionServers(build_model)
     try:
         endpoint = None
         if config.reflection.enabled:
@@ -234,7 +234,7 @@ def play_run(
         env.set_stage(stage)
         policy = build_policy(
             config.policy,
-            resolve_model(config.policy.model),
+            resolve_or_build(config.policy.model),
             env.label_ids,
             config.run.seed,
             for_rollouts=True,

@@ -8,7 +8,6 @@ they run while the rollout workers wait.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import ray
 import torch
 
 from reflectrl.config import ReflectRLConfig
+from reflectrl.console import say
 from reflectrl.envs.registry import env_splits, make_text_env
 from reflectrl.errors import ConfigError
 from reflectrl.evaluation.episodes import deal, play, slot_quotas
@@ -64,7 +64,7 @@ class EvalWorker:
     def __init__(
         self, config: dict[str, Any], reflection: dict[str, Any] | None, index: int
     ) -> None:
-        from reflectrl.data.model_dirs import resolve_model
+        from reflectrl.data.scratch import resolve_or_build
         from reflectrl.models.policy import build_policy
         from reflectrl.rollout.env_creator import make_vector_env
 
@@ -77,7 +77,7 @@ class EvalWorker:
         self.env = make_vector_env(ctx)
         self.env.set_worker_index(index)
         self.env.record_observations = True  # for `unseen_states` in the report
-        model_dir = resolve_model(parsed.policy.model)
+        model_dir = resolve_or_build(parsed.policy.model)
         self.policy = build_policy(
             parsed.policy, model_dir, self.env.label_ids, parsed.run.seed, for_rollouts=True
         )
@@ -154,7 +154,7 @@ class Evaluator:
                 ]
                 records += [r for part in ray.get(calls) for r in part]
                 if progress:
-                    print(f"eval: {decoding} {stage}: {len(records)} episodes", file=sys.stderr)
+                    say(f"eval: {decoding} {stage}: {len(records)} episodes")
             by_decoding[decoding] = grouped(records, self.sft_seen)
         return EvalReport(
             split=self.config.env.options["split"],

@@ -1,6 +1,6 @@
 """Load tokenizers and causal LMs from a local HF directory, and write seeded random-init
 models of a given shape. Which directory a model spec names (and building it when needed) is
-reflectrl/data/model_dirs.py's.
+reflectrl/models/model_dirs.py's.
 """
 
 from __future__ import annotations

@@ -27,9 +27,9 @@ from reflectrl.atomic_files import write_text
 from reflectrl.cluster.node_files import Packed, local_copy, pack_dir
 from reflectrl.cluster.placement import reflection_actor_options
 from reflectrl.config import ReflectionConfig
-from reflectrl.data.model_dirs import resolve_model
 from reflectrl.errors import ReflectionServerError, ReflectRLError
 from reflectrl.models.adapters import read_adapter_config, vllm_max_lora_rank
+from reflectrl.models.model_dirs import ScratchBuilder, resolve_model
 from reflectrl.reflection.endpoint import ReflectionEndpoint, api_key_for
 from reflectrl.reflection.server import VLLMServer
 
@@ -55,17 +55,22 @@ class ReplicaLocator:
 
 
 def vllm_server(
-    c: ReflectionConfig, log_path: Path, api_key: str | None, adapter: Path | None = None
+    c: ReflectionConfig,
+    log_path: Path,
+    api_key: str | None,
+    adapter: Path | None = None,
+    build_scratch: ScratchBuilder | None = None,
 ) -> VLLMServer:
     """The (not yet started) server of one replica of `c`; `adapter` overrides the path of
-    `c.adapter` (a copy of it on this node)."""
+    `c.adapter` (a copy of it on this node); `build_scratch` builds a scratch model that this
+    node lacks (`reflectrl.data.scratch.build_model`, handed down from the stage that runs)."""
     lora_modules, max_rank = {}, 16
     if c.adapter:
         adapter = adapter or Path(c.adapter)
         lora_modules = {c.request_model: str(adapter)}
         max_rank = vllm_max_lora_rank(read_adapter_config(adapter, "reflection.adapter")["r"])
     return VLLMServer(
-        model_dir=resolve_model(c.model),
+        model_dir=resolve_model(c.model, build_scratch=build_scratch),
         served_model_name=c.served_model_name,
         log_path=log_path,
         host=c.host,
@@ -89,15 +94,20 @@ class ReflectionServerActor:
         log_path: str,
         api_key: str | None,
         adapter_files: Packed | None = None,
+        build_scratch: ScratchBuilder | None = None,
+        launch: str = "",
     ) -> None:
         c = self.config = ReflectionConfig.model_validate(config)
         self.log_path = Path(log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)  # also on another node
-        self.starts = _record_start(self.log_path.with_suffix(".pgid"))
+        self.launch = launch
+        self.starts = _record_start(self.log_path.with_suffix(".pgid"), launch)
         # The driver's adapter folder, or this node's copy of it.
         adapter = local_copy(c.adapter, adapter_files) if adapter_files and c.adapter else None
-        self.server: VLLMServer | None = vllm_server(c, self.log_path, api_key, adapter).start()
-        _write_pgid(self.log_path.with_suffix(".pgid"), self.server.pgid, self.starts)
+        self.server: VLLMServer | None = vllm_server(
+            c, self.log_path, api_key, adapter, build_scratch
+        ).start()
+        _write_pgid(self.log_path.with_suffix(".pgid"), self.server.pgid, self.starts, launch)
         self._url: str | None = None
 
     def url(self) -> str:
@@ -147,19 +157,23 @@ class ReflectionServerActor:
             server.stop()
 
 
-def _record_start(pgid_file: Path) -> int:
+def _record_start(pgid_file: Path, launch: str) -> int:
     """Kill what a previous incarnation of this replica left on this node; return which
-    start this is (1 = first)."""
+    start of this `launch` this is (1 = first). A server left by an earlier launch of the run
+    (a killed driver, then --resume) is killed too, but its starts are not this launch's
+    restarts."""
     starts = 0
     with contextlib.suppress(OSError, ValueError):
-        pgid, starts = (int(x) for x in pgid_file.read_text().split())
+        pgid, recorded, *owner = pgid_file.read_text().split()
+        starts = int(recorded) if owner == [launch or "-"] else 0
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
+            os.killpg(int(pgid), signal.SIGKILL)
     return starts + 1
 
 
-def _write_pgid(pgid_file: Path, pgid: int | None, starts: int) -> None:
-    write_text(pgid_file, f"{pgid} {starts}\n")  # whole, or the next start cannot kill it
+def _write_pgid(pgid_file: Path, pgid: int | None, starts: int, launch: str) -> None:
+    # Whole, or the next start cannot kill it.
+    write_text(pgid_file, f"{pgid} {starts} {launch or '-'}\n")
 
 
 def replica_log(log_path: Path, index: int) -> Path:
@@ -167,7 +181,7 @@ def replica_log(log_path: Path, index: int) -> Path:
 
 
 def start_reflection_servers(
-    config: ReflectionConfig, log_path: Path
+    config: ReflectionConfig, log_path: Path, build_scratch: ScratchBuilder | None
 ) -> tuple[list[Any], ReflectionEndpoint]:
     """Start `config.replicas` replica actors and wait until every server answers.
     Raises ReflectionServerError (with the log tail) when one cannot start."""
@@ -182,7 +196,14 @@ def start_reflection_servers(
             namespace=namespace,
             max_restarts=config.max_restarts,
             max_task_retries=-1,  # a call on a replica that died waits for its restart
-        ).remote(config.model_dump(mode="json"), str(replica_log(log_path, i)), api_key, files)
+        ).remote(
+            config.model_dump(mode="json"),
+            str(replica_log(log_path, i)),
+            api_key,
+            files,
+            build_scratch,
+            namespace,
+        )
         for i, name in enumerate(names)
     ]
     try:
@@ -209,7 +230,8 @@ class ReflectionServers:
     """A run's local replicas, started on first use and shared by the stages that need the
     same server (RL and the final evaluation serve one model: one start, not two)."""
 
-    def __init__(self) -> None:
+    def __init__(self, build_scratch: ScratchBuilder | None) -> None:
+        self.build_scratch = build_scratch
         self.actors: list[Any] = []
         self.endpoint: ReflectionEndpoint | None = None
         self._config: ReflectionConfig | None = None
@@ -218,7 +240,7 @@ class ReflectionServers:
         if self.endpoint is not None and config == self._config:
             return self.endpoint
         self.stop()
-        self.actors, self.endpoint = start_reflection_servers(config, log_path)
+        self.actors, self.endpoint = start_reflection_servers(config, log_path, self.build_scratch)
         self._config = config
         return self.endpoint
 

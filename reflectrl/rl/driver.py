@@ -23,6 +23,7 @@ import ray
 
 from reflectrl.atomic_files import write_json, write_text
 from reflectrl.config import ReflectRLConfig, dump_config
+from reflectrl.data.scratch import build_model
 from reflectrl.envs.registry import make_text_env
 from reflectrl.errors import LearnerDiedError, ReflectionServerError
 from reflectrl.evaluation.report import BEFORE_RL_FILE, sft_observations
@@ -63,7 +64,7 @@ class Run:
         self.last_saved = -1
         self.rows = IterationRows()
         # The local reflection replicas: the pipeline's (shared with its eval stage), or our own.
-        self.servers = servers if servers is not None else ReflectionServers()
+        self.servers = servers if servers is not None else ReflectionServers(build_model)
         self.own_servers = servers is None
         self.reflection: ReflectionEndpoint | None = None
         self.algo: ReflectRLPPO | None = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from reflectrl.config import ReflectRLConfig
-from reflectrl.data.model_dirs import resolve_model
+from reflectrl.data.scratch import resolve_or_build
 from reflectrl.models.loading import load_tokenizer
 from reflectrl.reflection.endpoint import ReflectionEndpoint
 from reflectrl.rollout.error_sink import error_reporter
@@ -69,7 +69,7 @@ def make_vector_env(ctx: dict[str, Any]) -> ReflectRLVectorEnv:
     # RLlib's vector entry point passes a plain dict, without the worker index: the env starts
     # as worker 0, and the callback's on_environment_created calls `set_worker_index` before
     # the first reset (the one place a worker's seeds and replica are chosen).
-    policy_dir = resolve_model(config.policy.model)
+    policy_dir = resolve_or_build(config.policy.model)
     tokenizer = load_tokenizer(policy_dir)
     reflector, reflection_tokenizer = None, None
     if config.reflection.enabled:
@@ -77,7 +77,7 @@ def make_vector_env(ctx: dict[str, Any]) -> ReflectRLVectorEnv:
         assert endpoint is not None, "reflection is on but the driver sent no endpoint"
         reflector = make_reflection_client(config, endpoint)
         # Reflection prompts are measured in the reflection model's own tokens.
-        reflection_dir = resolve_model(config.reflection.model)
+        reflection_dir = resolve_or_build(config.reflection.model)
         if reflection_dir != policy_dir:
             reflection_tokenizer = load_tokenizer(reflection_dir)
     return ReflectRLVectorEnv(

@@ -26,7 +26,7 @@ import torch
 
 from reflectrl.atomic_files import atomic_dir, write_json
 from reflectrl.config import LoraSettings, ReflectRLConfig
-from reflectrl.data.model_dirs import resolve_model
+from reflectrl.data.scratch import resolve_or_build
 from reflectrl.errors import ConfigError
 from reflectrl.models.loading import load_causal_lm, load_tokenizer
 from reflectrl.sft.rows import IGNORE, Player, encode_rows, load_rows, target_of
@@ -246,7 +246,7 @@ def build_trainer(
     settings = config.sft
     seed = config.run.seed if settings.seed is None else settings.seed
     spec, lora = player_model(config, player)
-    model_dir = resolve_model(spec)
+    model_dir = resolve_or_build(spec)
     tokenizer = load_tokenizer(model_dir)
     target = target_of(player, config.reflection.enabled)
     train_rows, eval_rows = load_rows(data_dir, target)

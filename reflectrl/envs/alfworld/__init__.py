@@ -1,19 +1,8 @@
 """ALFWorld: the alfworld engine over games generated offline from the package's own layouts
-(`reflectrl alfworld-gen`) or over the official data. Importing this package registers the
-`alfworld` env; the engine itself (textworld) is only imported at an env's first reset."""
+(`reflectrl alfworld-gen`) or over the official data. Importing `reflectrl.envs.alfworld.env`
+registers the `alfworld` env; the engine itself (textworld) is only imported at an env's first
+reset.
 
-from reflectrl.envs.alfworld.env import AlfWorldEnv, AlfWorldOptions
-from reflectrl.envs.alfworld.expert import ExpertError, expert_action, expert_command
-from reflectrl.envs.alfworld.games import GameDataError, GameEntry
-from reflectrl.envs.alfworld.tasks import TASK_TYPES
-
-__all__ = [
-    "TASK_TYPES",
-    "AlfWorldEnv",
-    "AlfWorldOptions",
-    "ExpertError",
-    "GameDataError",
-    "GameEntry",
-    "expert_action",
-    "expert_command",
-]
+This `__init__` imports nothing: its modules take each other's names (`from
+reflectrl.envs.alfworld import catalog`), and a package that imported its env here would run
+env -> generator -> scene -> this package -> env (tests/test_import_contracts.py)."""

@@ -1,0 +1,332 @@
+"""Question: can PPO move the limited-data SFT policy on DangerousTaxi when the advantage is
+right?
+Answer (see docs/rl.md): not the policy that copies the hint: with oracle advantages its LoRA
+changes no greedy action in 20k env steps; a policy that reads the grid moves (+0.128 with its
+LoRA, +0.139 with every weight).
+Results: diagnostics/results/oracle_advantages_*.json.
+
+What binds RL in the paper's regime (experiments/taxi_limited_data.yaml): the actor itself, the
+advantage (the LM critic cannot tell states apart), or what RL trains. In one process, without
+Ray, this loads a run's SFT players (`diagnostics.failure_modes.load_players`), samples episodes
+from train starts (stage drawn uniformly per episode from `--stages`, `--envs` envs in lockstep,
+actions from the policy's softmax at `--temperature`) and runs PPO on the label log-probs of
+that same tempered distribution (clip 0.2, Adam, grad clip 1.0, exactly 1024 env steps per
+iteration; a batch holds the episodes that ended, one still running goes on into the next
+batch, so no return is cut). A prompt is a function of (instruction, taxi state) and the frozen
+reflection model is greedy, so every prompt (about 700) is built once, its reflection generated
+once (cut at the server's stop strings; `--reflection-cache` keeps them for the next run), and
+the policy scores all of them once per iteration: rollouts sample from that table, evaluation
+takes its argmax (what one forward per step gives, without replaying the LM). Advantages
+(`--advantage`), standardised over the batch unless `--no-normalise`:
+  - `oracle`: from Taxi's shortest-path distances d(s) (actions to success in the stage):
+    A(s, a) = d(s) - 1 - d(s') for a move (0 on a shortest path, -2 for a step away), floored
+    at -3; the action that completes the stage: 0; a dangerous no-op (s' = s): -3.
+    A = 0 exactly when the action is on a shortest path.
+  - `mc_table`: return-to-go G (gamma `--gamma`, no bootstrap at the step limit) minus a state
+    table V(stage, taxi state), the running mean of G over every visit so far, this batch's
+    included (a critic that tells every state apart; a state seen once gets A = 0).
+  - `mc_batch`: G minus the batch mean of G (a crude baseline).
+What trains (`--trainable`): `lora_qv8` (the run's RL LoRA, r 8 alpha 16 on q,v), `lora_all32`
+(r 32 alpha 32 on every linear layer), `full` (every LM weight: the SFT was full fine-tuning,
+so the base weights are the SFT policy). Before RL, every `--every` iterations and at the end,
+every held-out (test) start is played once per stage, greedily: success per stage,
+the share of episodes ending in danger, and how many of the states the SFT policy's greedy
+held-out episodes visit now get another argmax action (right->wrong, wrong->right: on a
+shortest path before/after; danger->move), plus, at those of them where the SFT argmax is
+wrong, the probability now on shortest-path actions and the logit gap still to close.
+
+    python -m diagnostics.oracle_advantages --run RUN --advantage oracle --trainable lora_qv8 \
+        [--env-steps 20000] [--temperature T] [--entropy-coeff C] [--name NAME]
+
+Writes diagnostics/results/NAME.json (default oracle_advantages_ADVANTAGE_TRAINABLE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks.common import print_table, write_results
+from diagnostics.common import RESULTS
+from diagnostics.failure_modes import Players, load_players
+from diagnostics.taxi_prompts import DANGER_ADVANTAGE, Prompts, logits_of
+from reflectrl.envs.taxi import DangerousTaxiEnv, TaxiOptions
+
+ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+STAGES = ("pickup", "dropoff", "full")
+
+
+def build_policy(players: Players, trainable: str) -> tuple[Any, list[torch.nn.Parameter]]:
+    from reflectrl.data.scratch import resolve_or_build
+    from reflectrl.models.policy import OptionPolicy
+
+    policy = players.policy  # the run's own LoRA: r 8, alpha 16 on q_proj, v_proj
+    if trainable == "lora_all32":
+        config = players.config
+        model_dir = resolve_or_build(config.policy.model)
+        labels = players.renderer.label_ids
+        policy = OptionPolicy(model_dir, labels, 32, 32, ALL_LINEAR, seed=config.run.seed)
+    if trainable == "full":  # every base weight; the LoRA (B = 0) stays out and stays zero
+        for name, param in policy.lm.named_parameters():
+            param.requires_grad_("lora_" not in name)
+    params = [p for p in policy.lm.parameters() if p.requires_grad]
+    return policy.eval(), params
+
+
+def evaluate(
+    prompts: Prompts, greedy: list[int], options: TaxiOptions, seed: int
+) -> tuple[dict[str, Any], set[int]]:
+    """Every test start once per stage, the argmax label of each prompt (`greedy`): success per
+    stage and overall, the share ending in danger; and the prompts the episodes showed."""
+    result: dict[str, Any] = {}
+    visited: set[int] = set()
+    wins = dangers = episodes = 0
+    for s, stage in enumerate(STAGES):
+        env = DangerousTaxiEnv(options)
+        env.set_stage(stage)
+        starts = env.start_ids(stage) or []
+        success = 0
+        for k, start in enumerate(starts):
+            env.reset(seed=seed * 100_000 + s * 1000 + k, options={"start": start})
+            while True:
+                i = prompts.of(env)
+                visited.add(i)
+                _, _, terminated, truncated, info = env.step(greedy[i])
+                if terminated or truncated:
+                    break
+            success += info["success"]
+            dangers += info["danger"]
+        result[f"success_{stage}"] = round(success / len(starts), 3)
+        wins, episodes = wins + success, episodes + len(starts)
+    result["success_all"] = round(wins / episodes, 3)
+    result["danger"] = round(dangers / episodes, 3)
+    return result, visited
+
+
+def changed_actions(prompts: Prompts, before: list[int], now: list[int], states: set[int]):
+    """Of `states`: how many have another argmax now; of those, how many went from a shortest
+    path to off it (right_to_wrong) and back (wrong_to_right), from a dangerous no-op to a move
+    (danger_to_move); how many are off a shortest path now (wrong)."""
+    counts = dict.fromkeys(["changed", "right_to_wrong", "wrong_to_right", "danger_to_move"], 0)
+    counts["wrong"] = 0
+    for i in states:
+        a, b = prompts.oracle[i][before[i]], prompts.oracle[i][now[i]]
+        counts["wrong"] += b != 0
+        if now[i] != before[i]:
+            counts["changed"] += 1
+            counts["right_to_wrong"] += a == 0 and b != 0
+            counts["wrong_to_right"] += b == 0 and a != 0
+            counts["danger_to_move"] += a == DANGER_ADVANTAGE and b != DANGER_ADVANTAGE
+    return counts
+
+
+def movement(prompts: Prompts, logits: torch.Tensor, states: list[int]) -> dict[str, float]:
+    """At `states` (held-out states where the SFT argmax is off a shortest path): the mean
+    probability on shortest-path actions, and the mean logit gap of the best wrong action over
+    the best right one (> 0: the argmax is still wrong)."""
+    if not states:
+        return {"p_right_at_wrong": 0.0, "gap_at_wrong": 0.0}
+    right = torch.tensor([[a == 0 for a in prompts.oracle[i]] for i in states])
+    rows = logits[states]
+    p_right = (torch.softmax(rows, -1) * right).sum(-1).mean()
+    gap = rows.masked_fill(right, -1e9).amax(-1) - rows.masked_fill(~right, -1e9).amax(-1)
+    return {
+        "p_right_at_wrong": round(float(p_right), 4),
+        "gap_at_wrong": round(float(gap.mean()), 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--run", type=Path, required=True)
+    parser.add_argument("--advantage", choices=["oracle", "mc_table", "mc_batch"], default="oracle")
+    parser.add_argument(
+        "--trainable", choices=["lora_qv8", "lora_all32", "full"], default="lora_qv8"
+    )
+    numbers = [("--env-steps", int, 20_000), ("--steps-per-iteration", int, 1024),
+               ("--envs", int, 32), ("--temperature", float, 1.0), ("--entropy-coeff", float, 0.0),
+               ("--lr", float, 1e-3), ("--epochs", int, 2), ("--minibatch", int, 256),
+               ("--clip", float, 0.2), ("--gamma", float, 0.99), ("--seed", int, 0)]  # fmt: skip
+    for flag, kind, default in numbers:
+        parser.add_argument(flag, type=kind, default=default)
+    parser.add_argument("--stages", default="pickup,dropoff,full")
+    parser.add_argument("--no-normalise", action="store_true")
+    parser.add_argument("--every", type=int, default=5, help="held-out eval every N iterations")
+    parser.add_argument(
+        "--reflection-cache", type=Path, help="a JSON file of the run's reflections to reuse"
+    )
+    parser.add_argument("--name")
+    args = parser.parse_args()
+    name = args.name or f"oracle_advantages_{args.advantage}_{args.trainable}"
+    started = time.perf_counter()
+    torch.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    players = load_players(args.run, after_rl=False)
+    options = players.config.env.options
+    prompts = Prompts(players, TaxiOptions(**options), args.reflection_cache)
+    test_options = TaxiOptions(**{**options, "split": "test"})
+    print(f"{len(prompts.rows)} prompts, {prompts.generated} reflections generated", flush=True)
+    policy, params = build_policy(players, args.trainable)
+    n_params = sum(p.numel() for p in params)
+    print(f"{args.trainable}: {n_params:,} trainable parameters", flush=True)
+    optimizer = torch.optim.Adam(params, lr=args.lr)
+
+    # The policy is a function of the prompt: score every prompt once per iteration (rollouts
+    # sample from this table, evaluation takes its argmax).
+    with torch.no_grad():
+        logits = logits_of(policy, prompts.rows)
+    sft_greedy = logits.argmax(-1).tolist()
+    before, reference = evaluate(prompts, sft_greedy, test_options, args.seed)
+    unchanged = changed_actions(prompts, sft_greedy, sft_greedy, reference)
+    wrong_states = sorted(i for i in reference if prompts.oracle[i][sft_greedy[i]] != 0)
+    heldout = [{"iteration": 0, "env_steps": 0, **before, **unchanged, "states": len(reference),
+                **movement(prompts, logits, wrong_states)}]  # fmt: skip
+    print(heldout[-1], flush=True)
+
+    stages = args.stages.split(",")
+    envs = [
+        DangerousTaxiEnv(TaxiOptions(**{**options, "split": "train"})) for _ in range(args.envs)
+    ]
+    for i, env in enumerate(envs):
+        env.reset(seed=args.seed * 1000 + i)  # seeds each env's start stream once
+    generator = torch.Generator().manual_seed(args.seed)
+    value_table: dict[tuple[str, int], list[float]] = {}
+    iterations = -(-args.env_steps // args.steps_per_iteration)
+    curve, env_steps = [], 0
+    running: dict[int, list[dict[str, Any]]] = {}
+
+    def begin(i: int) -> None:
+        envs[i].set_stage(stages[int(rng.integers(len(stages)))])
+        envs[i].reset()
+        running[i] = []
+
+    for i in range(len(envs)):
+        begin(i)
+    for iteration in range(1, iterations + 1):
+        # Rollout: the envs step in lockstep until steps_per_iteration steps are taken; the
+        # batch holds the episodes that ended (one still running goes on next iteration, its
+        # steps keep the log-probs they were sampled with), so no return is ever cut.
+        logp_table = torch.log_softmax(logits / args.temperature, -1)
+        entropy_table = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
+        steps: list[dict[str, Any]] = []
+        episodes: list[dict[str, Any]] = []
+        taken, entropies = 0, []
+        while taken < args.steps_per_iteration:
+            live = range(min(len(envs), args.steps_per_iteration - taken))
+            rows = [prompts.of(envs[i]) for i in live]
+            actions = torch.multinomial(logp_table[rows].exp(), 1, generator=generator)
+            for i, k, action in zip(live, rows, actions.squeeze(1).tolist(), strict=True):
+                env = envs[i]
+                stage, state = env.episode_stage, int(env.taxi.s)
+                _, reward, terminated, truncated, info = env.step(action)
+                taken += 1
+                entropies.append(float(entropy_table[k]))
+                running[i].append({
+                    "row": k, "action": action, "logp": float(logp_table[k, action]),
+                    "stage": stage, "state": state, "reward": reward,
+                    "oracle": prompts.oracle[k][action],
+                })  # fmt: skip
+                if terminated or truncated:
+                    episode = running[i]
+                    ret = 0.0
+                    for step in reversed(episode):
+                        ret = step["reward"] + args.gamma * ret
+                        step["return"] = ret
+                    steps += episode
+                    episodes.append({"success": info["success"], "danger": info["danger"],
+                                     "return": sum(s["reward"] for s in episode)})  # fmt: skip
+                    begin(i)
+        env_steps += taken
+        returns = np.array([s["return"] for s in steps])
+        if args.advantage == "oracle":
+            adv = np.array([s["oracle"] for s in steps])
+        elif args.advantage == "mc_batch":
+            adv = returns - returns.mean()
+        else:
+            for s in steps:
+                entry = value_table.setdefault((s["stage"], s["state"]), [0.0, 0])
+                entry[0] += s["return"]
+                entry[1] += 1
+            baseline = [value_table[(s["stage"], s["state"])] for s in steps]
+            adv = returns - np.array([total / count for total, count in baseline])
+        mean_abs_adv = float(np.abs(adv).mean())
+        if not args.no_normalise:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+
+        # PPO update on the tempered distribution the actions were sampled from.
+        policy.train()
+        advantages = torch.tensor(adv, dtype=torch.float32)
+        old_logp = torch.tensor([s["logp"] for s in steps])
+        actions_t = torch.tensor([s["action"] for s in steps])
+        clipped = 0.0
+        for _ in range(args.epochs):
+            order = rng.permutation(len(steps))
+            for start in range(0, len(steps), args.minibatch):
+                idx = order[start : start + args.minibatch]
+                rows = [prompts.rows[steps[k]["row"]] for k in idx]
+                logp_all = torch.log_softmax(
+                    logits_of(policy, rows, chunk=args.minibatch) / args.temperature, -1
+                )
+                logp = logp_all.gather(1, actions_t[idx, None]).squeeze(1)
+                ratio = torch.exp(logp - old_logp[idx])
+                a = advantages[idx]
+                surrogate = torch.min(ratio * a, ratio.clamp(1 - args.clip, 1 + args.clip) * a)
+                entropy = -(logp_all.exp() * logp_all).sum(-1).mean()
+                loss = -surrogate.mean() - args.entropy_coeff * entropy
+                optimizer.zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                optimizer.step()
+                clipped += float(((ratio - 1).abs() > args.clip).float().mean()) * len(idx)
+        policy.eval()
+        with torch.no_grad():
+            logits = logits_of(policy, prompts.rows)
+        row = {
+            "iteration": iteration, "env_steps": env_steps, "episodes": len(episodes),
+            "train_success": round(float(np.mean([e["success"] for e in episodes])), 3),
+            "train_return": round(float(np.mean([e["return"] for e in episodes])), 3),
+            "train_danger": round(float(np.mean([e["danger"] for e in episodes])), 3),
+            "entropy": round(float(np.mean(entropies)), 4),
+            "mean_abs_adv": round(mean_abs_adv, 4),
+            "clip_fraction": round(clipped / (args.epochs * len(steps)), 4),
+            "changed_all_prompts": int((logits.argmax(-1) != torch.tensor(sft_greedy)).sum()),
+            "wall_s": round(time.perf_counter() - started),
+        }  # fmt: skip
+        curve.append(row)
+        print(row, flush=True)
+        if iteration % args.every == 0 or iteration == iterations:
+            greedy = logits.argmax(-1).tolist()
+            result, _ = evaluate(prompts, greedy, test_options, args.seed)
+            changes = changed_actions(prompts, sft_greedy, greedy, reference)
+            heldout.append({"iteration": iteration, "env_steps": env_steps, **result, **changes,
+                            "states": len(reference),
+                            **movement(prompts, logits, wrong_states)})  # fmt: skip
+            print(heldout[-1], flush=True)
+            everywhere = changed_actions(prompts, sft_greedy, greedy, set(range(len(greedy))))
+            settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+            results = {
+                "command": "python -m diagnostics.oracle_advantages " + " ".join(sys.argv[1:]),
+                "settings": settings, "trainable_params": n_params, "prompts": len(prompts.rows),
+                "finished": iteration == iterations, "changed_all_prompts": everywhere,
+                "heldout": heldout, "train": curve,
+                "wall_s": round(time.perf_counter() - started),
+            }  # fmt: skip
+            path = write_results(
+                name, results, folder=RESULTS
+            )  # at every evaluation: a cut run keeps its curve
+
+    columns = ["iteration", "env_steps", "success_pickup", "success_dropoff", "success_full",
+               "success_all", "danger", "changed", "right_to_wrong", "wrong_to_right",
+               "danger_to_move", "wrong", "states", "p_right_at_wrong", "gap_at_wrong"]  # fmt: skip
+    print_table(heldout, columns)
+    print(path)
+
+
+if __name__ == "__main__":
+    main()
