@@ -21,6 +21,9 @@ ALLOWED = {
     "rl/metrics.py": 1,
     # Logs, appended.
     "experiment/grid.py": 1,
+    # launch.log, appended (what the libraries printed before it existed, then descriptor 2),
+    # and the terminal's stderr, reopened for our own lines.
+    "console.py": 2,
     "reflection/server.py": 1,
     # Shared caches that concurrent processes may build at once: the first complete build is
     # kept, never replaced under a reader (built in a temporary folder, renamed once).
