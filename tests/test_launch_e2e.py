@@ -7,6 +7,7 @@ import os
 import pickle
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import pytest
 
 from reflectrl.config import load_config
 from tests.fake_openai_server import MODEL as REFLECTOR
-from tests.helpers import assert_console_is_ours, png_size, run_cli
+from tests.helpers import assert_console_is_ours, cli_env, png_size, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"
@@ -52,18 +53,32 @@ def test_cli_smoke_pipeline_runs_every_stage_and_resumes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """data -> sft -> rl (from the SFT adapters, reflections from the served SFT adapter) ->
-    eval, in one run directory; --resume of the finished run does nothing and says so.
+    eval, in one run directory, and bitwise again in its twin's; --resume of the finished run
+    does nothing and says so.
     (Resuming RL itself: test_resume_restores_...; which stages a resume runs:
     test_pipeline.py.)"""
-    run = tmp_path / "run"
+    run, twin = tmp_path / "run", tmp_path / "twin"
     # Relative, as users type it (RLlib takes a relative checkpoint path for a bad URI).
     out = Path(os.path.relpath(run, REPO))
-    result = reflectrl(
-        "--workers", "2", "--config", str(SMOKE), "--iterations", "2", "--output", str(out),
+    args = [
+        "--workers", "2", "--config", str(SMOKE), "--iterations", "2",
         "--set", "eval.every=2", "--set", "run.heartbeat_s=1",
         "--set", "run.trackers=[tensorboard, mlflow]",
-    )  # fmt: skip
+    ]  # fmt: skip
+    # Its twin, the same seeded config, runs beside it (each loads the other's cores).
+    twin_process = subprocess.Popen(
+        [sys.executable, "-m", "reflectrl.cli", "launch", *args, "--output", str(twin)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=cli_env(),
+    )
+    result = reflectrl(*args, "--output", str(out))
+    _, twin_stderr = twin_process.communicate(timeout=1200)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert twin_process.returncode == 0, twin_stderr[-3000:]
+    assert_the_twins_are_equal(run, twin)
     assert "Ray dashboard: http://127.0.0.1:" in result.stdout
     assert_console_is_ours(result, run)
     # Within each iteration: heartbeat lines with the phase and env steps so far (learning
@@ -140,6 +155,28 @@ def test_cli_smoke_pipeline_runs_every_stage_and_resumes(
     assert "Ray dashboard" not in result.stdout and len(read_rows(run)) == 2
     assert (run / "stages" / "eval.json").stat().st_mtime_ns == evaluated_at
     # (`reflectrl eval --run` on a finished run: test_driver_kill.py.)
+
+
+def without_timings(row: dict[str, Any]) -> dict[str, Any]:
+    """A metrics row less its seconds (`iteration_s`, `env_steps_per_s`, ...)."""
+    return {k: v for k, v in row.items() if not k.endswith("_s")}
+
+
+def assert_the_twins_are_equal(a: Path, b: Path) -> None:
+    """A seeded run repeats bitwise on one machine: the data, both SFT adapters, the RL
+    adapter and value head, every non-timing metric and the eval JSON. (SFT alone, and what
+    does not repeat across machines: tests/test_repeatability.py, docs/repeatability.md.)"""
+    same = ["data/data.jsonl", "eval_test.json"]
+    same += [f"sft/{player}/adapter_model.safetensors" for player in ("reflection", "policy")]
+    checkpoint = Path("checkpoints") / (a / "checkpoints" / "latest").read_text().strip()
+    assert (b / "checkpoints" / "latest").read_text().strip() == checkpoint.name
+    same += [str(checkpoint / "adapter" / name) for name in ("adapter_model.safetensors",
+                                                              "value_head.pt")]  # fmt: skip
+    for name in same:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    rows_a, rows_b = read_rows(a), read_rows(b)
+    assert [without_timings(r) for r in rows_a] == [without_timings(r) for r in rows_b]
+    assert rows_a[-1]["reflection_calls"] > 0  # the reflections were the server's
 
 
 def assert_play_shows_the_final_players(run: Path) -> None:

