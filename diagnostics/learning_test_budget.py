@@ -37,25 +37,13 @@ def curve(variant: str, seed: int, iterations: int) -> dict[str, Any]:
     import ray
 
     from reflectrl.config import load_config
-    from reflectrl.data.scratch import resolve_or_build
-    from reflectrl.evaluation.episodes import play
-    from reflectrl.models.loading import load_tokenizer
     from reflectrl.rl.driver import Run
-    from reflectrl.rollout.vector_env import ReflectRLVectorEnv
     from tests.support.policy_copy import policy_copy
-    from tests.test_learning import FROM_REWARD, HANDFUL, REPO
+    from tests.test_learning import FROM_REWARD, REPO, handful_greedy_success
 
     overrides = [*FROM_REWARD, *VARIANTS[variant], f"run.seed={seed}"]
     config = load_config(REPO / "configs" / "smoke.yaml", overrides)
-    tokenizer = load_tokenizer(resolve_or_build(config.policy.model))
-    env = ReflectRLVectorEnv(config, tokenizer, None, num_envs=len(HANDFUL))
-    env.set_stage("pickup")
-    starts = [str(s) for s in HANDFUL]
-
-    def greedy_success(policy: Any) -> float:
-        played = play(policy, env, len(starts), greedy=True, starts=starts)
-        return sum(e["success"] for e in played) / len(played)
-
+    greedy_success = handful_greedy_success(config)
     started = time.perf_counter()
     ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
     try:

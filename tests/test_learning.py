@@ -51,21 +51,13 @@ FROM_REWARD = [
 ]
 
 
-def train_on_the_handful(
-    tmp_path: Path, overrides: list[str], iterations: int, each: Any = None
-) -> tuple[float, float, list[dict[str, Any]]]:
-    """(greedy success on the five starts before, after, the iteration rows): a real run of
-    2 rollout workers; `each(run)` is called after every iteration."""
-    import ray
-
+def handful_greedy_success(config: Any) -> Any:
+    """A function giving a policy's greedy success on the five starts, each played once."""
     from reflectrl.data.scratch import resolve_or_build
     from reflectrl.evaluation.episodes import play
     from reflectrl.models.loading import load_tokenizer
-    from reflectrl.rl.driver import Run
     from reflectrl.rollout.vector_env import ReflectRLVectorEnv
-    from tests.support.policy_copy import policy_copy
 
-    config = load_config(REPO / "configs" / "smoke.yaml", [*FROM_REWARD, *overrides])
     tokenizer = load_tokenizer(resolve_or_build(config.policy.model))
     eval_env = ReflectRLVectorEnv(config, tokenizer, None, num_envs=len(HANDFUL))
     eval_env.set_stage("pickup")
@@ -76,6 +68,21 @@ def train_on_the_handful(
         assert sorted(int(e["start"]) for e in played) == sorted(HANDFUL)
         return sum(e["success"] for e in played) / len(played)
 
+    return greedy_success
+
+
+def train_on_the_handful(
+    tmp_path: Path, overrides: list[str], iterations: int, each: Any = None
+) -> tuple[float, float, list[dict[str, Any]]]:
+    """(greedy success on the five starts before, after, the iteration rows): a real run of
+    2 rollout workers; `each(run)` is called after every iteration."""
+    import ray
+
+    from reflectrl.rl.driver import Run
+    from tests.support.policy_copy import policy_copy
+
+    config = load_config(REPO / "configs" / "smoke.yaml", [*FROM_REWARD, *overrides])
+    greedy_success = handful_greedy_success(config)
     ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
     run = Run(config, tmp_path / "run", workers=2)
     try:
