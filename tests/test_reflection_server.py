@@ -14,7 +14,8 @@ import pytest
 from reflectrl.data.scratch import resolve_or_build
 from reflectrl.errors import ReflectionServerError
 from reflectrl.reflection.client import ReflectionClient, quoted_commands_regex
-from reflectrl.reflection.server import VLLMServer, group_members, summarize_log
+from reflectrl.reflection.server import VLLMServer, child_pids, group_members, summarize_log
+from reflectrl.reflection.vllm_cpu import FORKED
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -62,7 +63,7 @@ def test_command_is_an_argument_list_per_device(
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     cpu = VLLMServer("/m dir", tmp_path / "log", served_model_name="r", port=1234)
     args = cpu.command()
-    assert args[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert args[1:3] == ["-m", "reflectrl.reflection.vllm_cpu"]  # engine core forked
     assert args[args.index("--model") + 1] == "/m dir"  # one argument, no shell quoting
     for flag in ("--enforce-eager", "--dtype", "--block-size"):
         assert flag in args
@@ -71,6 +72,7 @@ def test_command_is_an_argument_list_per_device(
     assert cpu.url == "http://127.0.0.1:1234/v1"
 
     gpu = VLLMServer("/m", tmp_path / "log", device="cuda", extra_args=["--enable-lora"])
+    assert gpu.command()[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     assert "--enforce-eager" not in gpu.command() and "--block-size" not in gpu.command()
     assert gpu.command()[-1] == "--enable-lora"
     assert "VLLM_CPU_KVCACHE_SPACE" not in gpu.environment()
@@ -150,7 +152,12 @@ def test_real_server_reflects_in_one_request_and_stops_cleanly(
 
         assert server.process is not None
         pgid, port = server.process.pid, server.port
-        assert len(group_members(pgid)) >= 2  # the guard and the API server (engine inside)
+        # The guard, the API server and its engine core, forked (a spawned one would not run
+        # the API server's fork handler, which logs the pid).
+        (api_server,) = child_pids(pgid)
+        (engine_core,) = child_pids(api_server)
+        assert {api_server, engine_core} <= set(group_members(pgid))
+        assert f"{FORKED} {engine_core}\n" in server.log_path.read_text()
     assert group_members(pgid) == []
     assert not server.is_running()
     with socket.socket() as sock:
