@@ -11,6 +11,7 @@ import pytest
 from reflectrl.config import load_config
 from reflectrl.evaluation.episodes import play, slot_quotas
 from reflectrl.evaluation.report import format_table, grouped, wilson_interval
+from reflectrl.evaluation.runner import eval_actors_needed
 from reflectrl.models.policy import OptionPolicy
 from reflectrl.rollout.vector_env import ReflectRLVectorEnv
 from tests.helpers import run_cli
@@ -53,6 +54,18 @@ def test_each_env_slot_plays_its_own_quota(tiny_dir: Path, tokenizer: Any) -> No
     first = play(policy, again, episodes=6, greedy=True)
     again = ReflectRLVectorEnv(config, tokenizer, None, num_envs=4)
     assert play(policy, again, episodes=6, greedy=True) == first
+
+
+def test_eval_starts_no_more_actors_than_one_round_of_envs_needs() -> None:
+    """Each actor plays its share in its `envs_per_worker` envs at once: 2 episodes over 2 envs
+    need one actor, 5 need three, and a config of 1 episode still gets one."""
+    needed = {
+        (episodes, envs): eval_actors_needed(
+            load_config(SMOKE, [f"eval.episodes={episodes}", f"env.envs_per_worker={envs}"])
+        )
+        for episodes, envs in [(2, 2), (5, 2), (1, 4), (8, 1)]
+    }
+    assert needed == {(2, 2): 1, (5, 2): 3, (1, 4): 1, (8, 1): 8}
 
 
 def reflectrl(*args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:

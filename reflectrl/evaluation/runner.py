@@ -1,4 +1,5 @@
-"""Held-out evaluation on Ray: one actor per worker plays its share of each (stage, decoding).
+"""Held-out evaluation on Ray: actors (one per worker at most) play their share of each
+(stage, decoding).
 
 The actors build the same vector env as the rollout workers (prompts, reflections through the
 same server) on the held-out split, and a policy loaded from a checkpoint adapter, an SFT
@@ -8,6 +9,7 @@ they run while the rollout workers wait.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,12 @@ def held_out_starts(config: ReflectRLConfig, stage: str) -> list[str] | None:
     rng = np.random.default_rng([config.run.seed, len(starts)])
     chosen = sorted(rng.choice(len(starts), config.eval.episodes, replace=False))
     return [starts[int(i)] for i in chosen]
+
+
+def eval_actors_needed(config: ReflectRLConfig) -> int:
+    """Actors that play a stage's episodes in one round of their envs: more would not finish
+    sooner, and each loads its own copy of the policy LM."""
+    return max(1, math.ceil(config.eval.episodes / config.env.envs_per_worker))
 
 
 class EvalWorker:
@@ -117,7 +125,8 @@ class PolicySource:
 
 
 class Evaluator:
-    """`workers` eval actors, reused across evaluations (they hold a copy of the policy LM)."""
+    """Eval actors (`workers`, or fewer where fewer play every episode in one round of their
+    envs), reused across evaluations (they hold a copy of the policy LM)."""
 
     def __init__(
         self,
@@ -131,7 +140,8 @@ class Evaluator:
         remote = ray.remote(num_cpus=0)(EvalWorker)
         tree = self.config.model_dump(mode="json")
         where = None if reflection is None else reflection.to_dict()
-        self.actors = [remote.remote(tree, where, i + 1) for i in range(workers)]
+        actors = min(workers, eval_actors_needed(self.config))
+        self.actors = [remote.remote(tree, where, i + 1) for i in range(actors)]
         self.starts = {stage: held_out_starts(self.config, stage) for stage in self.stages}
 
     def run(self, source: PolicySource, progress: bool = False) -> EvalReport:
