@@ -10,6 +10,13 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Under xdist, each test process, and every process it starts, gets its share of the cores as
+# torch threads: on `make test`'s 2 processes and 2 cores, a second thread in each would mostly
+# wait for the core the other process holds, and cost CPU time while it waits. (A launch's SFT
+# stage still takes every core, as it does for users: pipeline.use_all_cores.)
+_PROCESSES = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _PROCESSES > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _PROCESSES)))
 
 REPO = Path(__file__).resolve().parents[1]
 

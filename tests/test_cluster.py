@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from reflectrl.config import load_config
-from tests.helpers import run_cli
+from tests.helpers import cli_env
 from tests.test_reflection_server import needs_vllm
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,6 +21,18 @@ SMOKE = REPO / "configs" / "smoke.yaml"
 
 pytestmark = pytest.mark.integration
 XDIST_SPREAD = True  # no module fixtures: its tests may run in different test processes
+
+
+# What `reflectrl launch` without --address does about Ray (cluster/ray_init.py): prints the
+# GCS address it got, the dashboard URL and the number of nodes.
+JOIN_OR_START_RAY = """
+import sys, ray
+from reflectrl.cluster.ray_init import init_ray
+from reflectrl.config import load_config
+url = init_ray(None, load_config(sys.argv[1]), workers=1)
+print(ray.get_runtime_context().gcs_address, url, len(ray.nodes()))
+ray.shutdown()
+"""
 
 
 @needs_vllm
@@ -87,12 +99,11 @@ def test_actors_land_on_the_nodes_the_config_asks_for(tmp_path: Path) -> None:
         driver = ray.get_runtime_context().get_node_id()
         run.close()
         run = None
-        # Without --address, `reflectrl launch` starts its own local Ray even while another
-        # cluster runs on this machine (a bare ray.init() would join that one).
-        local = run_cli(
-            "launch", "--workers", "1", "--config", str(SMOKE), "--iterations", "1",
-            "--output", str(tmp_path / "local-run"), "--set", "sft.enabled=false",
-            "--set", "eval.enabled=false", "--set", "reflection.enabled=false",
+        # Without --address, a launch starts its own local Ray even while another cluster runs
+        # on this machine (a bare ray.init() would join that one).
+        local = subprocess.run(
+            [sys.executable, "-c", JOIN_OR_START_RAY, str(SMOKE)],
+            capture_output=True, text=True, timeout=300, cwd=REPO, env=cli_env(),
         )  # fmt: skip
     finally:
         if run is not None:
@@ -108,7 +119,8 @@ def test_actors_land_on_the_nodes_the_config_asks_for(tmp_path: Path) -> None:
     assert driver not in (rollout.node_id, trainer.node_id)
     assert row["updated"] and row["reflection_calls"] > 0
     assert local.returncode == 0, local.stderr[-2000:]
-    assert "Ray dashboard: http://127.0.0.1:" in local.stdout
+    gcs, dashboard, nodes = local.stdout.split()
+    assert gcs != cluster.address and nodes == "1" and dashboard.startswith("http://127.0.0.1:")
 
 
 def test_a_smoke_run_submitted_as_a_ray_job_succeeds(tmp_path: Path) -> None:

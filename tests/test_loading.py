@@ -317,18 +317,30 @@ def test_scratch_model_for_auto_explore_keeps_its_40_labels_whole(
 
 
 def test_scratch_model_for_alfworld_keeps_its_60_labels_whole(
-    tmp_path_factory: pytest.TempPathFactory,
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, tiny_dir: Path
 ) -> None:
-    """`scratch:alfworld`: a tokenizer trained on the text of ALFWorld's training games (made
-    offline by the generator) round-trips the prompts of a game on an unseen floor plan, in
-    fewer ids than bytes, and keeps every one of the 60 menu labels a single token."""
+    """`scratch:alfworld`'s build: a tokenizer trained on the text of ALFWorld's training games
+    (made offline by the generator; 6 games and 12 episodes here, 24 and 48 in the real
+    corpus) round-trips the prompts of a game on an unseen floor plan, in fewer ids than bytes,
+    and keeps every one of the 60 menu labels a single token."""
+    import dataclasses
+
+    from reflectrl.data.scratch import build
+    from reflectrl.envs import registry
+    from reflectrl.envs.alfworld import env as alfworld_env
     from reflectrl.envs.alfworld.generator import generate_games
     from reflectrl.envs.registry import make_text_env
     from reflectrl.text import prompts
     from reflectrl.text.tokens import label_token_ids
 
+    spec = registry.get_env_spec("alfworld")
+    monkeypatch.setitem(
+        registry._REGISTRY, "alfworld", dataclasses.replace(spec, corpus_episodes=12)
+    )
+    monkeypatch.setattr(alfworld_env, "CORPUS_GAMES", 6)
     cache = tmp_path_factory.mktemp("cache")
-    tokenizer = load_tokenizer(resolve_or_build("scratch:alfworld", cache))
+    build(cache / "scratch-alfworld", "alfworld", "llama", cache, load_tokenizer(tiny_dir))
+    tokenizer = load_tokenizer(cache / "scratch-alfworld")
     labels = "123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxy"
     assert len(set(label_token_ids(tokenizer, labels, prompts.ACTION_MARKER))) == 60
     games = tmp_path_factory.mktemp("games") / "games"
