@@ -33,7 +33,7 @@ from reflectrl.reflection import server as vllm_server
 
 PROMPT = "The taxi is at row 2, column 3; the passenger waits at R. " * 8
 REQUESTS = 20
-SPAWNED = "vllm.entrypoints.openai.api_server"
+SPAWNED = vllm_server.SERVER_MODULE
 FORKED = "reflectrl.reflection.vllm_cpu"
 MULTIPROCESSING = "VLLM_ENABLE_V1_MULTIPROCESSING"
 VARIANTS = {"stock": (SPAWNED, "1"), "uniproc": (SPAWNED, "0"), "fork": (FORKED, "0")}

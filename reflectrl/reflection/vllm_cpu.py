@@ -15,6 +15,7 @@ import runpy
 import sys
 from typing import Any
 
+# vLLM's own OpenAI server (what the reflection server runs on a GPU).
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # Written to the server's log by every process forked from the API server (the engine core
 # among them), so a log says how its engine core was started.
