@@ -31,7 +31,12 @@ def add_commands(sub: Any) -> None:
     ev.add_argument("--split", help="the env split to play (eval.split; default: held out)")
     ev.add_argument("--episodes", type=int, help="per stage and decoding (eval.episodes)")
     ev.add_argument("--seed", type=int, help="(eval.seed, else run.seed)")
-    ev.add_argument("--workers", type=int, default=2, help="eval workers (default 2)")
+    ev.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help="eval workers at most (default 2; fewer where fewer play every episode at once)",
+    )
     ev.add_argument("--out", metavar="FILE", help="JSON result (default: next to the policy)")
     ev.add_argument("--address", help="join this Ray cluster (default: $RAY_ADDRESS or local)")
     ev.set_defaults(handler=run_eval)
