@@ -58,11 +58,13 @@ smoke: install
 	$(BIN)/reflectrl launch --workers 2 --config configs/smoke.yaml $(ARGS)
 
 # Two test processes (most tests wait on process start-ups, so two keep 2 cores busy); a
-# module stays in one process unless it says XDIST_SPREAD (tests/conftest.py).
+# module stays in one process unless it says XDIST_SPREAD, and the longest go first
+# (tests/conftest.py; --no-loadscope-reorder keeps that order instead of xdist's by test count).
 TEST_PROCESSES ?= 2
 
 test: install browser
-	$(BIN)/python -m pytest -q -ra --durations=30 -n $(TEST_PROCESSES) --dist loadgroup $(ARGS)
+	$(BIN)/python -m pytest -q -ra --durations=30 -n $(TEST_PROCESSES) --dist loadgroup \
+		--no-loadscope-reorder $(ARGS)
 
 # The page of `reflectrl play --html` is tested in headless Chromium: Debian's package (the
 # test drives it with playwright, which never downloads a browser of its own).

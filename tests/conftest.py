@@ -36,6 +36,7 @@ LONGEST_FIRST = (
 )
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups marked here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Order the longest files first; keep each module in one test process (they share
     module fixtures: a Ray session, a trained SFT adapter, a vLLM server) unless it says
@@ -49,6 +50,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if not getattr(item.module, "XDIST_SPREAD", False):
             item.add_marker(pytest.mark.xdist_group(module_name(item)))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """Stop if xdist did not take the groups marked above (it writes each into the test's id):
+    with pytest 9.2 it silently did not (pytest-xdist#1386), and every module's fixtures were
+    built in both test processes."""
+    if node.config.getoption("dist") == "loadgroup" and not any("@" in i for i in ids):
+        pytest.exit(
+            f"pytest-xdist did not group the tests by module (pytest {pytest.__version__}): "
+            "keep the pytest pin of pyproject.toml's dev extra, or run without -n",
+            returncode=4,
+        )
 
 
 @pytest.fixture(scope="session")
