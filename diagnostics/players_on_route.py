@@ -91,7 +91,7 @@ def measure(run: Path, max_starts: int | None) -> list[dict[str, Any]]:
     from reflectrl.data.episodes import episode_steps
     from reflectrl.data.scratch import resolve_or_build
     from reflectrl.envs.registry import make_text_env
-    from reflectrl.evaluation.runner import eval_config, held_out_starts
+    from reflectrl.evaluation.held_out import eval_config, held_out_starts
     from reflectrl.models.loading import load_tokenizer
     from reflectrl.text.prompts import ANALYZE_MARKER
     from reflectrl.text.rendering import PromptRenderer

@@ -70,7 +70,7 @@ def main() -> None:
     from reflectrl.cluster.ray_init import init_ray
     from reflectrl.config import load_config
     from reflectrl.evaluation.commands import evaluate_with
-    from reflectrl.evaluation.runner import PolicySource
+    from reflectrl.evaluation.held_out import PolicySource
 
     base = load_config(run / "config.yaml")
     sft = {s: json.loads((run / "stages" / f"{s}.json").read_text()) for s in ("data", "sft")}

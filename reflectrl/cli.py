@@ -34,8 +34,7 @@ COMMAND_MODULES: tuple[str, ...] = (
 
 def run_launch(args: argparse.Namespace) -> int:
     from reflectrl.config import machine_recipe
-    from reflectrl.console import LibraryOutput
-    from reflectrl.pipeline import LaunchOptions, launch
+    from reflectrl.run_dir import LaunchOptions, resolve_run
 
     config_path = args.config
     if config_path is None and args.resume is None:
@@ -50,6 +49,12 @@ def run_launch(args: argparse.Namespace) -> int:
         address=args.address,
         resume=args.resume,
     )
+    # A bad config, --output or --resume fails here in a fraction of a second: the pipeline
+    # imports torch, Ray and the model libraries (seconds).
+    resolve_run(options)
+    from reflectrl.console import LibraryOutput
+    from reflectrl.pipeline import launch
+
     # What Ray, RLlib and the model libraries print goes to the run's launch.log.
     with LibraryOutput() as output:
         run_dir = launch(options, output)

@@ -24,61 +24,25 @@ import ray
 from reflectrl.atomic_files import write_json, write_text
 from reflectrl.cluster.node_files import Packed, pack_dir, unpack_dir
 from reflectrl.cluster.ray_init import init_ray
-from reflectrl.config import ReflectRLConfig, dump_config, load_config
+from reflectrl.config import ReflectRLConfig, dump_config
 from reflectrl.console import LibraryOutput
 from reflectrl.data.scratch import build_model
-from reflectrl.errors import ConfigError, ReflectRLError
+from reflectrl.errors import ReflectRLError
 from reflectrl.preflight import check_run, preflight
 from reflectrl.provenance import record_launch
 from reflectrl.reflection.actor import ReflectionServers
 from reflectrl.run_dir import (
     CONFIG_FILE,
     LAUNCH_LOG,
-    RUN_MARKERS,
+    LaunchOptions,
     enabled_stages,
-    latest_checkpoint,
+    resolve_run,
     rl_config,
     sft_players,
     stage_marker,
     stages_to_run,
 )
 from reflectrl.trackers import Record, check_trackers, numbers, open_trackers, read_records
-
-
-@dataclass
-class LaunchOptions:
-    workers: int
-    config_path: str | None = None
-    output: str | None = None
-    iterations: int | None = None
-    overrides: list[str] = field(default_factory=list)
-    address: str | None = None
-    resume: str | None = None
-
-
-def resolve_run(opts: LaunchOptions) -> tuple[ReflectRLConfig, Path, Path | None]:
-    """(config, run dir, checkpoint to resume RL from). Refuses to overwrite an earlier run."""
-    if opts.workers < 1:
-        raise ConfigError(f"--workers {opts.workers}: need at least 1 rollout worker")
-    overrides = list(opts.overrides)
-    if opts.iterations is not None:
-        overrides.append(f"run.iterations={opts.iterations}")
-    if opts.resume:
-        run_dir = Path(opts.resume)
-        if not (run_dir / CONFIG_FILE).is_file():
-            raise ConfigError(f"--resume {run_dir}: no {CONFIG_FILE} there; is it a run directory?")
-        if opts.output and Path(opts.output).resolve() != run_dir.resolve():
-            raise ConfigError("--resume continues in its own directory; drop --output")
-        config = load_config(opts.config_path or run_dir / CONFIG_FILE, overrides)
-        return config, run_dir, latest_checkpoint(run_dir)
-    config = load_config(opts.config_path, overrides)
-    run_dir = Path(opts.output or f"runs/{config.env.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    if run_dir.exists() and any((run_dir / m).exists() for m in RUN_MARKERS):
-        raise ConfigError(
-            f"--output {run_dir} holds an earlier run; pass --resume {run_dir} to continue it "
-            "or choose another --output"
-        )
-    return config, run_dir, None
 
 
 # -- the stages ------------------------------------------------------------------------------
@@ -227,8 +191,8 @@ def rl_stage(ctx: StageContext) -> dict[str, Any]:
 
 def eval_stage(ctx: StageContext) -> dict[str, Any]:
     from reflectrl.evaluation.commands import evaluate_with
+    from reflectrl.evaluation.held_out import run_policy
     from reflectrl.evaluation.report import format_table
-    from reflectrl.evaluation.runner import run_policy
 
     config, source = run_policy(ctx.run_dir, ctx.config)
     result: dict[str, Any] = {}

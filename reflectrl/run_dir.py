@@ -18,11 +18,12 @@ Every file in it is written through reflectrl/atomic_files.py.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from reflectrl.config import ReflectRLConfig
+from reflectrl.config import ReflectRLConfig, load_config
 from reflectrl.errors import ConfigError
 
 CONFIG_FILE = "config.yaml"
@@ -132,3 +133,40 @@ def final_policy(run_dir: Path, config: ReflectRLConfig) -> FinalPolicy:
     if config.sft.method == "lora" and config.sft.policy:
         return FinalPolicy("sft_adapter", run_dir / SFT_DIR / "policy")
     return FinalPolicy("model", None)
+
+
+# -- a launch's run ---------------------------------------------------------------------------
+@dataclass
+class LaunchOptions:
+    workers: int
+    config_path: str | None = None
+    output: str | None = None
+    iterations: int | None = None
+    overrides: list[str] = field(default_factory=list)
+    address: str | None = None
+    resume: str | None = None
+
+
+def resolve_run(opts: LaunchOptions) -> tuple[ReflectRLConfig, Path, Path | None]:
+    """(config, run dir, checkpoint to resume RL from). Refuses to overwrite an earlier run."""
+    if opts.workers < 1:
+        raise ConfigError(f"--workers {opts.workers}: need at least 1 rollout worker")
+    overrides = list(opts.overrides)
+    if opts.iterations is not None:
+        overrides.append(f"run.iterations={opts.iterations}")
+    if opts.resume:
+        run_dir = Path(opts.resume)
+        if not (run_dir / CONFIG_FILE).is_file():
+            raise ConfigError(f"--resume {run_dir}: no {CONFIG_FILE} there; is it a run directory?")
+        if opts.output and Path(opts.output).resolve() != run_dir.resolve():
+            raise ConfigError("--resume continues in its own directory; drop --output")
+        config = load_config(opts.config_path or run_dir / CONFIG_FILE, overrides)
+        return config, run_dir, latest_checkpoint(run_dir)
+    config = load_config(opts.config_path, overrides)
+    run_dir = Path(opts.output or f"runs/{config.env.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if run_dir.exists() and any((run_dir / m).exists() for m in RUN_MARKERS):
+        raise ConfigError(
+            f"--output {run_dir} holds an earlier run; pass --resume {run_dir} to continue it "
+            "or choose another --output"
+        )
+    return config, run_dir, None

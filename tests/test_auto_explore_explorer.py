@@ -136,7 +136,7 @@ def test_held_out_evaluation_shows_every_entry(tasks_path: Path) -> None:
     """Training hides off-path entries (`drop_prob`), which only the answer can tell apart:
     evaluation never does, whatever the training config says."""
     from reflectrl.config import load_config
-    from reflectrl.evaluation.runner import eval_config
+    from reflectrl.evaluation.held_out import eval_config
 
     config = load_config(
         REPO / "configs" / "auto_explore.yaml",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -155,6 +156,43 @@ def test_output_with_an_earlier_run_is_refused_and_kept(tmp_path: Path) -> None:
     assert_usage_error(result, "--resume")
     assert (run / "metrics.jsonl").read_text() == '{"iteration": 1}\n'
     assert (run / "config.yaml").read_text() == "precious: true\n"
+
+
+# What makes a start take seconds: none of it loads before bad input is refused.
+HEAVY = ("torch", "ray", "transformers", "peft", "vllm")
+PROBE = (
+    "import sys; from reflectrl.cli import main; code = main(sys.argv[1:]); "
+    f"print([m for m in {HEAVY!r} if m in sys.modules]); sys.exit(code)"
+)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["launch", "--config", SMOKE, "--set", "ppo.bogus=1"],
+        ["launch", "--config", SMOKE, "--resume", "/nonexistent/run"],
+        ["launch", "--config", SMOKE, "--output", "EARLIER_RUN"],
+        ["eval", "--config", SMOKE, "--run", "UNFINISHED_RUN"],
+        ["eval", "--config", SMOKE, "--adapter", "NOT_AN_ADAPTER"],
+        ["eval", "--config", SMOKE, "--adapter", "NOT_AN_ADAPTER", "--split", "valid_unseen"],
+        ["play", "UNFINISHED_RUN"],
+        ["data", "--config", SMOKE, "--set", "data.episodes=0", "--out", "NOT_AN_ADAPTER"],
+    ],
+)
+def test_bad_input_is_refused_before_the_model_libraries_load(
+    args: list[str], tmp_path: Path
+) -> None:
+    """A typo costs a fraction of a second, not the seconds torch, Ray and peft take to load."""
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    shutil.copy(SMOKE, unfinished / "config.yaml")  # a run that never finished a stage
+    where = {"EARLIER_RUN": unfinished, "UNFINISHED_RUN": unfinished, "NOT_AN_ADAPTER": tmp_path}
+    args = [str(where.get(a, a)) for a in args]
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE, *args], capture_output=True, text=True, cwd=REPO
+    )
+    assert_usage_error(result)
+    assert result.stdout.strip() == "[]", result.stdout
 
 
 @pytest.mark.integration

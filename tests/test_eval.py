@@ -10,8 +10,8 @@ import pytest
 
 from reflectrl.config import load_config
 from reflectrl.evaluation.episodes import play, slot_quotas
+from reflectrl.evaluation.held_out import eval_actors_needed
 from reflectrl.evaluation.report import format_table, grouped, wilson_interval
-from reflectrl.evaluation.runner import eval_actors_needed
 from reflectrl.models.policy import OptionPolicy
 from reflectrl.rollout.vector_env import ReflectRLVectorEnv
 from tests.helpers import run_cli
@@ -169,7 +169,7 @@ def test_report_splits_out_episodes_on_states_the_sft_data_never_showed(
 
 def test_eval_samples_distinct_starts_when_asked_for_fewer() -> None:
     """`eval.episodes` below the number of starts: a seeded sample, each start at most once."""
-    from reflectrl.evaluation.runner import eval_config, held_out_starts
+    from reflectrl.evaluation.held_out import eval_config, held_out_starts
 
     config, _ = eval_config(load_config(SMOKE, ["eval.episodes=25"]))
     picked = held_out_starts(config, "full")
@@ -243,7 +243,7 @@ def test_export_writes_players_that_plain_transformers_scores_as_reflectrl_does(
 
     from reflectrl.data.scratch import resolve_or_build
     from reflectrl.evaluation.export import final_source
-    from reflectrl.evaluation.runner import eval_config, run_policy
+    from reflectrl.evaluation.held_out import eval_config, run_policy
     from reflectrl.models.loading import load_causal_lm
     from reflectrl.models.policy import build_policy
     from reflectrl.text.prompts import ACTION_MARKER

@@ -439,8 +439,8 @@ def test_resume_restores_optimizer_env_streams_and_metrics(
     iteration 1 with the optimizer's moments in the live learner, every worker's env random
     streams as checkpointed (no replay of iteration 1's start states), and metrics.jsonl cut
     back to iteration 1 (no duplicate rows)."""
-    from reflectrl.pipeline import LaunchOptions, resolve_run
     from reflectrl.rl.driver import Run
+    from reflectrl.run_dir import LaunchOptions, resolve_run
 
     run_dir = tmp_path / "run"
     config = smoke_without_reflection(

@@ -8,7 +8,7 @@ import pytest
 
 from reflectrl.config import load_config
 from reflectrl.errors import ConfigError
-from reflectrl.evaluation.runner import run_policy
+from reflectrl.evaluation.held_out import run_policy
 from reflectrl.pipeline import mark_done
 from reflectrl.run_dir import enabled_stages, rl_config, sft_players, stages_to_run
 

@@ -26,12 +26,13 @@ def add_commands(sub: Any) -> None:
 
 def run_data(args: argparse.Namespace) -> int:
     from reflectrl.config import load_config
-    from reflectrl.data.dataset import write_dataset
     from reflectrl.errors import ConfigError
 
     if args.episodes is not None and args.episodes < 1:
         raise ConfigError(f"--episodes {args.episodes}: need at least 1 episode")
     config = load_config(args.config, args.overrides)
+    from reflectrl.data.dataset import write_dataset  # seconds: the model libraries
+
     out = Path(args.out)
     stats = write_dataset(config, out, episodes=args.episodes, seed=args.seed)
     rows = sum(v for k, v in stats.items() if k.startswith("rows_"))

@@ -45,6 +45,7 @@ def add_commands(sub: Any) -> None:
 def run_eval(args: argparse.Namespace) -> int:
     from reflectrl.atomic_files import write_json
     from reflectrl.config import load_config
+    from reflectrl.evaluation.held_out import eval_config
     from reflectrl.evaluation.report import format_table
     from reflectrl.run_dir import CONFIG_FILE
 
@@ -57,24 +58,24 @@ def run_eval(args: argparse.Namespace) -> int:
         if value is not None:
             overrides.append(f"eval.{key}={value}")
     if args.run:
-        from reflectrl.evaluation.runner import run_policy
+        from reflectrl.evaluation.held_out import run_policy
 
         run_dir = Path(args.run)
         if not (run_dir / CONFIG_FILE).is_file():
             raise ConfigError(f"--run {run_dir}: no {CONFIG_FILE} there; is it a run directory?")
         config = load_config(args.config or run_dir / CONFIG_FILE, overrides)
+        eval_config(config)  # a bad split or stage fails before any model is read
         config, source = run_policy(run_dir, config)
         home = run_dir
     else:
         config = load_config(args.config, overrides)
+        eval_config(config)
         config, source = adapter_policy(config, Path(args.adapter))
         home = Path(args.adapter)
     import ray
 
     from reflectrl.cluster.ray_init import init_ray
-    from reflectrl.evaluation.runner import eval_config
 
-    eval_config(config)  # a bad split or stage fails before Ray starts
     init_ray(args.address, config, args.workers)
     try:
         report = evaluate_with(config, source, args.workers, home)
@@ -90,11 +91,12 @@ def run_eval(args: argparse.Namespace) -> int:
 def adapter_policy(config: Any, adapter: Path) -> tuple[Any, Any]:
     """(config, PolicySource) for `--adapter`: an SFT adapter (no value head; checked as RL
     would check `policy.init_adapter`) or a checkpoint's adapter."""
-    from reflectrl.evaluation.runner import PolicySource
+    from reflectrl.evaluation.held_out import PolicySource
     from reflectrl.models.adapters import read_adapter_config
-    from reflectrl.preflight import preflight
 
     read_adapter_config(adapter, "--adapter")
+    from reflectrl.preflight import preflight  # seconds: the model libraries
+
     if (adapter / "value_head.pt").is_file():
         preflight(config)
         return config, PolicySource(checkpoint_adapter=adapter)
@@ -111,8 +113,9 @@ def evaluate_with(
     (ReflectionServers) are reused when they serve the same model, else started here (log:
     `home/eval_reflection_server.log`) and stopped after."""
     from reflectrl.data.scratch import build_model
+    from reflectrl.evaluation.held_out import eval_config
     from reflectrl.evaluation.report import sft_observations
-    from reflectrl.evaluation.runner import Evaluator, eval_config
+    from reflectrl.evaluation.runner import Evaluator
     from reflectrl.reflection.actor import ReflectionServers
     from reflectrl.reflection.endpoint import ReflectionEndpoint
 

@@ -19,7 +19,7 @@ from reflectrl.config import ReflectRLConfig
 from reflectrl.errors import ConfigError
 
 if TYPE_CHECKING:  # runner imports Ray; `--help` must stay fast
-    from reflectrl.evaluation.runner import PolicySource
+    from reflectrl.evaluation.held_out import PolicySource
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 
@@ -87,7 +87,7 @@ def final_source(
     """(the config the players run with, the PolicySource, where it is): what `reflectrl eval
     --run` evaluates, or for a run stopped during RL its latest checkpoint, or before RL its
     SFT policy."""
-    from reflectrl.evaluation.runner import PolicySource, run_policy
+    from reflectrl.evaluation.held_out import PolicySource, run_policy
     from reflectrl.run_dir import latest_checkpoint, rl_config, stage_done
 
     if config.rl.enabled and stage_done(run_dir, "rl") is None:

@@ -163,7 +163,7 @@ def add_commands(sub: Any) -> None:
 
 def run_play(args: argparse.Namespace) -> int:
     from reflectrl.config import load_config
-    from reflectrl.evaluation.runner import eval_config, run_policy
+    from reflectrl.evaluation.held_out import eval_config, run_policy
     from reflectrl.run_dir import CONFIG_FILE
 
     run_dir = Path(args.run)
@@ -208,7 +208,7 @@ def play_run(
 
     from reflectrl.cluster.ray_init import init_ray
     from reflectrl.data.scratch import build_model, resolve_or_build
-    from reflectrl.evaluation.runner import held_out_starts
+    from reflectrl.evaluation.held_out import held_out_starts
     from reflectrl.models.policy import build_policy
     from reflectrl.reflection.actor import ReflectionServers
     from reflectrl.reflection.endpoint import ReflectionEndpoint

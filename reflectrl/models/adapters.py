@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from reflectrl.errors import ModelLoadError
+
+if TYPE_CHECKING:  # torch loads in seconds; reading an adapter's config needs none of it
+    import torch
 
 ADAPTER_CONFIG = "adapter_config.json"
 # The ranks vLLM accepts for `--max-lora-rank` (vllm.config.lora.MaxLoRARanks).
@@ -133,6 +134,7 @@ def check_lora_targets(model_dir: Path, targets: Iterable[str], key: str) -> Non
     """Every LoRA target names a layer of the model (peft's rule: the module's name, or its
     last dotted parts). The names differ by architecture (Llama `q_proj`, GPT-2 `c_attn`), so
     a wrong one fails here in one line, before anything trains, instead of inside peft."""
+    import torch
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.pytorch_utils import Conv1D
 

@@ -26,8 +26,9 @@ from reflectrl.config import ReflectRLConfig, dump_config
 from reflectrl.data.scratch import build_model
 from reflectrl.envs.registry import make_text_env
 from reflectrl.errors import LearnerDiedError, ReflectionServerError
+from reflectrl.evaluation.held_out import PolicySource
 from reflectrl.evaluation.report import BEFORE_RL_FILE, sft_observations
-from reflectrl.evaluation.runner import Evaluator, PolicySource
+from reflectrl.evaluation.runner import Evaluator
 from reflectrl.models.policy import lora_config, save_adapter_state
 from reflectrl.preflight import check_run
 from reflectrl.reflection.actor import ReflectionServers
