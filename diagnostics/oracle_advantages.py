@@ -2,8 +2,10 @@
 right?
 Answer (see docs/rl.md): not the policy that copies the hint: with oracle advantages its LoRA
 changes no greedy action in 20k env steps; a policy that reads the grid moves (+0.128 with its
-LoRA, +0.139 with every weight).
-Results: diagnostics/results/oracle_advantages_*.json.
+LoRA, +0.139 with every weight). Its own advantage, even exact, does not move it there under the
+paper's reward: for that policy a move into danger is the best action in 27-56% of the states
+(`--advantage exact`); with the exit priced out (`--danger-penalty -100`) it does.
+Results: diagnostics/results/oracle_advantages_*.json, exit_preference_*.json.
 
 What binds RL in the paper's regime (experiments/taxi_limited_data.yaml): the actor itself, the
 advantage (the LM critic cannot tell states apart), or what RL trains. In one process, without
@@ -26,6 +28,10 @@ takes its argmax (what one forward per step gives, without replaying the LM). Ad
     table V(stage, taxi state), the running mean of G over every visit so far, this batch's
     included (a critic that tells every state apart; a state seen once gets A = 0).
   - `mc_batch`: G minus the batch mean of G (a crude baseline).
+  - `exact`: A of the current policy, without noise: Q(s, a) - V(s) from Taxi's known
+    transitions, V evaluated for the tempered policy of this iteration's table (discounted by
+    `--gamma`, the step limit ignored). The oracle's A is the optimal policy's; this is what a
+    perfect critic and infinitely many rollouts would give the policy gradient.
 What trains (`--trainable`): `lora_qv8` (the run's RL LoRA, r 8 alpha 16 on q,v), `lora_all32`
 (r 32 alpha 32 on every linear layer), `full` (every LM weight: the SFT was full fine-tuning,
 so the base weights are the SFT policy). Before RL, every `--every` iterations and at the end,
@@ -35,8 +41,13 @@ held-out episodes visit now get another argmax action (right->wrong, wrong->righ
 shortest path before/after; danger->move), plus, at those of them where the SFT argmax is
 wrong, the probability now on shortest-path actions and the logit gap still to close.
 
+Each evaluation also reports, per stage, the share of states where the exact advantage of the
+policy under the rollouts' reward ranks a move into danger first (`exit_preferred_*`);
+`--env-steps 0` writes only the figures before RL.
+
     python -m diagnostics.oracle_advantages --run RUN --advantage oracle --trainable lora_qv8 \
-        [--env-steps 20000] [--temperature T] [--entropy-coeff C] [--name NAME]
+        [--env-steps 20000] [--temperature T] [--entropy-coeff C] [--danger-penalty P] \
+        [--name NAME]
 
 Writes diagnostics/results/NAME.json (default oracle_advantages_ADVANTAGE_TRAINABLE).
 """
@@ -56,7 +67,7 @@ from benchmarks.common import print_table, write_results
 from diagnostics.common import RESULTS
 from diagnostics.failure_modes import Players, load_players
 from diagnostics.taxi_prompts import DANGER_ADVANTAGE, Prompts, logits_of
-from reflectrl.envs.taxi import DangerousTaxiEnv, TaxiOptions
+from reflectrl.envs.taxi import IN_TAXI, PICKUP, DangerousTaxiEnv, TaxiOptions
 
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 STAGES = ("pickup", "dropoff", "full")
@@ -142,10 +153,70 @@ def movement(prompts: Prompts, logits: torch.Tensor, states: list[int]) -> dict[
     }
 
 
+def exact_advantages(
+    prompts: Prompts, probs: np.ndarray, options: TaxiOptions, gamma: float
+) -> dict[str, np.ndarray]:
+    """A^pi[stage] ([500 states, 6 actions]) of the policy whose action probabilities at each
+    prompt are `probs`: the env's own step rules over Taxi's deterministic table, then policy
+    evaluation to convergence. A stage never changes within an episode."""
+    taxi = DangerousTaxiEnv(options).taxi
+    scale, actions = options.reward_scale, probs.shape[1]
+    out = {}
+    for stage in STAGES:
+        shown = [prompts.index.get((stage == "pickup", s), -1) for s in range(500)]
+        pi = np.array([probs[i] if i >= 0 else np.zeros(actions) for i in shown])
+        nxt = np.zeros((500, actions), dtype=int)
+        reward, alive = np.zeros((500, actions)), np.zeros((500, actions))
+        for s in range(500):
+            for a in range(actions):
+                ((_, s2, r, delivered),) = taxi.P[s][a]
+                if s2 == s:  # a dangerous no-op ends the episode
+                    r, done = options.danger_penalty, True
+                elif stage == "pickup" and a == PICKUP and list(taxi.decode(s2))[2] == IN_TAXI:
+                    r, done = options.pickup_bonus, True
+                else:
+                    done = bool(delivered)
+                nxt[s, a], reward[s, a], alive[s, a] = s2, r * scale, not done
+        value = np.zeros(500)
+        for _ in range(2000):
+            q = reward + gamma * alive * value[nxt]
+            new = (pi * q).sum(1)
+            if np.abs(new - value).max() < 1e-9:
+                break
+            value = new
+        out[stage] = reward + gamma * alive * value[nxt] - value[:, None]
+    return out
+
+
+def exit_preferred(
+    prompts: Prompts, logits: torch.Tensor, options: TaxiOptions, gamma: float, temperature: float
+) -> dict[str, float]:
+    """Per stage, the share of the states a stage can show where the exact advantage of the
+    policy (`exact_advantages`, the rollouts' reward) ranks a move into danger first: where,
+    for this policy, ending the episode at once is worth more than playing on."""
+    probs = torch.softmax(logits / temperature, -1).numpy()
+    table = exact_advantages(prompts, probs, options, gamma)
+    taxi = DangerousTaxiEnv(options).taxi
+    out = {}
+    for stage in STAGES:
+        shown = [
+            (s, i) for (pickup, s), i in prompts.index.items() if pickup == (stage == "pickup")
+        ]
+        if stage == "dropoff":  # the passenger is aboard from the start
+            shown = [(s, i) for s, i in shown if list(taxi.decode(s))[2] == IN_TAXI]
+        exits = sum(
+            prompts.oracle[i][int(table[stage][s].argmax())] == DANGER_ADVANTAGE for s, i in shown
+        )
+        out[f"exit_preferred_{stage}"] = round(exits / len(shown), 3)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--run", type=Path, required=True)
-    parser.add_argument("--advantage", choices=["oracle", "mc_table", "mc_batch"], default="oracle")
+    parser.add_argument(
+        "--advantage", choices=["oracle", "mc_table", "mc_batch", "exact"], default="oracle"
+    )
     parser.add_argument(
         "--trainable", choices=["lora_qv8", "lora_all32", "full"], default="lora_qv8"
     )
@@ -157,6 +228,12 @@ def main() -> None:
         parser.add_argument(flag, type=kind, default=default)
     parser.add_argument("--stages", default="pickup,dropoff,full")
     parser.add_argument("--no-normalise", action="store_true")
+    parser.add_argument(
+        "--danger-penalty",
+        type=float,
+        help="the rollouts' reward for ending in danger, in place of the run's (unscaled, as "
+        "env.options.danger_penalty); held-out success does not depend on it",
+    )
     parser.add_argument("--every", type=int, default=5, help="held-out eval every N iterations")
     parser.add_argument(
         "--reflection-cache", type=Path, help="a JSON file of the run's reflections to reuse"
@@ -168,9 +245,12 @@ def main() -> None:
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     players = load_players(args.run, after_rl=False)
-    options = players.config.env.options
+    options = dict(players.config.env.options)
     prompts = Prompts(players, TaxiOptions(**options), args.reflection_cache)
+    if args.danger_penalty is not None:  # after the prompts: reflections read no reward
+        options["danger_penalty"] = args.danger_penalty
     test_options = TaxiOptions(**{**options, "split": "test"})
+    rollout_options = TaxiOptions(**options)
     print(f"{len(prompts.rows)} prompts, {prompts.generated} reflections generated", flush=True)
     policy, params = build_policy(players, args.trainable)
     n_params = sum(p.numel() for p in params)
@@ -185,9 +265,23 @@ def main() -> None:
     before, reference = evaluate(prompts, sft_greedy, test_options, args.seed)
     unchanged = changed_actions(prompts, sft_greedy, sft_greedy, reference)
     wrong_states = sorted(i for i in reference if prompts.oracle[i][sft_greedy[i]] != 0)
+    exits = exit_preferred(prompts, logits, rollout_options, args.gamma, args.temperature)
     heldout = [{"iteration": 0, "env_steps": 0, **before, **unchanged, "states": len(reference),
-                **movement(prompts, logits, wrong_states)}]  # fmt: skip
+                **movement(prompts, logits, wrong_states), **exits}]  # fmt: skip
     print(heldout[-1], flush=True)
+
+    curve: list[dict[str, Any]] = []
+
+    def save(greedy: list[int], finished: bool) -> Path:
+        everywhere = changed_actions(prompts, sft_greedy, greedy, set(range(len(greedy))))
+        settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+        results = {
+            "command": "python -m diagnostics.oracle_advantages " + " ".join(sys.argv[1:]),
+            "settings": settings, "trainable_params": n_params, "prompts": len(prompts.rows),
+            "finished": finished, "changed_all_prompts": everywhere, "heldout": heldout,
+            "train": curve, "wall_s": round(time.perf_counter() - started),
+        }  # fmt: skip
+        return write_results(name, results, folder=RESULTS)
 
     stages = args.stages.split(",")
     envs = [
@@ -198,7 +292,7 @@ def main() -> None:
     generator = torch.Generator().manual_seed(args.seed)
     value_table: dict[tuple[str, int], list[float]] = {}
     iterations = -(-args.env_steps // args.steps_per_iteration)
-    curve, env_steps = [], 0
+    env_steps = 0
     running: dict[int, list[dict[str, Any]]] = {}
 
     def begin(i: int) -> None:
@@ -248,6 +342,9 @@ def main() -> None:
             adv = np.array([s["oracle"] for s in steps])
         elif args.advantage == "mc_batch":
             adv = returns - returns.mean()
+        elif args.advantage == "exact":
+            table = exact_advantages(prompts, logp_table.exp().numpy(), rollout_options, args.gamma)
+            adv = np.array([table[s["stage"]][s["state"], s["action"]] for s in steps])
         else:
             for s in steps:
                 entry = value_table.setdefault((s["stage"], s["state"]), [0.0, 0])
@@ -306,21 +403,14 @@ def main() -> None:
             changes = changed_actions(prompts, sft_greedy, greedy, reference)
             heldout.append({"iteration": iteration, "env_steps": env_steps, **result, **changes,
                             "states": len(reference),
-                            **movement(prompts, logits, wrong_states)})  # fmt: skip
+                            **movement(prompts, logits, wrong_states),
+                            **exit_preferred(prompts, logits, rollout_options, args.gamma,
+                                             args.temperature)})  # fmt: skip
             print(heldout[-1], flush=True)
-            everywhere = changed_actions(prompts, sft_greedy, greedy, set(range(len(greedy))))
-            settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-            results = {
-                "command": "python -m diagnostics.oracle_advantages " + " ".join(sys.argv[1:]),
-                "settings": settings, "trainable_params": n_params, "prompts": len(prompts.rows),
-                "finished": iteration == iterations, "changed_all_prompts": everywhere,
-                "heldout": heldout, "train": curve,
-                "wall_s": round(time.perf_counter() - started),
-            }  # fmt: skip
-            path = write_results(
-                name, results, folder=RESULTS
-            )  # at every evaluation: a cut run keeps its curve
+            path = save(greedy, finished=iteration == iterations)  # a cut run keeps its curve
 
+    if iterations == 0:  # --env-steps 0: the figures before RL only
+        path = save(sft_greedy, finished=True)
     columns = ["iteration", "env_steps", "success_pickup", "success_dropoff", "success_full",
                "success_all", "danger", "changed", "right_to_wrong", "wrong_to_right",
                "danger_to_move", "wrong", "states", "p_right_at_wrong", "gap_at_wrong"]  # fmt: skip
