@@ -238,6 +238,11 @@ def test_runs_that_differ_only_in_rl_settings_share_their_data_and_sft() -> None
     assert key("sft.method=full") == key("sft.method=full", *lora)  # RL's LoRA only
     assert key("sft.method=full") == key("sft.method=full", "ppo.lr=0.5", "eval.every=3")
     assert key("sft.method=full") == key("sft.method=full", "curriculum.review=0.25")
+    # A stage's bar and cap are RL's; which stages there are is the data's.
+    capped = "curriculum.stages=[{name: pickup, max_iterations: 1}, {name: full}]"
+    assert key(capped) == key("curriculum.stages=[{name: pickup, success_threshold: 0.2}, "
+                              "{name: full}]")  # fmt: skip
+    assert key(capped) != key("curriculum.stages=[{name: full}]")
     rl = ["policy.rl_trainable=full", "rl.advantage=gigpo", "ppo.batch_mode=complete_episodes"]
     assert key("sft.method=full") == key("sft.method=full", *rl, "rl.group_size=2")
     assert key("sft.method=lora") != key("sft.method=lora", *lora)  # the SFT adapter's shape

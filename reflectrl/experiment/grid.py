@@ -132,6 +132,8 @@ def warm_start_key(config: ReflectRLConfig) -> str | None:
         tree.pop(section)
     for key in RL_ONLY_CURRICULUM:
         tree["curriculum"].pop(key)
+    # The data spreads its episodes over the stages by name; a stage's bar and cap are RL's.
+    tree["curriculum"]["stages"] = [stage["name"] for stage in tree["curriculum"]["stages"]]
     tree["run"] = {"seed": tree["run"]["seed"]}
     tree["policy"].pop("rl_trainable")  # what RL trains
     if config.sft.method == "full":  # full SFT trains every weight: policy.lora is RL's alone
