@@ -28,6 +28,10 @@ takes its argmax (what one forward per step gives, without replaying the LM). Ad
     table V(stage, taxi state), the running mean of G over every visit so far, this batch's
     included (a critic that tells every state apart; a state seen once gets A = 0).
   - `mc_batch`: G minus the batch mean of G (a crude baseline).
+  - `q_table`: a table critic over (prompt, action): Q(s, a) the running mean of G over every
+    visit of that pair so far, this batch's included, and A = Q(s, a) - sum over the actions
+    tried at s of pi(a'|s) Q(s, a') (pi renormalised over them): the policy's own advantage
+    estimated from every visit, not from this step's return alone.
   - `exact`: A of the current policy, without noise: Q(s, a) - V(s) from Taxi's known
     transitions, V evaluated for the tempered policy of this iteration's table (discounted by
     `--gamma`, the step limit ignored). The oracle's A is the optimal policy's; this is what a
@@ -215,7 +219,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--run", type=Path, required=True)
     parser.add_argument(
-        "--advantage", choices=["oracle", "mc_table", "mc_batch", "exact"], default="oracle"
+        "--advantage",
+        choices=["oracle", "mc_table", "mc_batch", "exact", "q_table"],
+        default="oracle",
     )
     parser.add_argument(
         "--trainable", choices=["lora_qv8", "lora_all32", "full"], default="lora_qv8"
@@ -291,6 +297,8 @@ def main() -> None:
         env.reset(seed=args.seed * 1000 + i)  # seeds each env's start stream once
     generator = torch.Generator().manual_seed(args.seed)
     value_table: dict[tuple[str, int], list[float]] = {}
+    q_sums = np.zeros(logits.shape)  # q_table: per (prompt, action), the sum and count of G
+    q_counts = np.zeros(logits.shape)
     iterations = -(-args.env_steps // args.steps_per_iteration)
     env_steps = 0
     running: dict[int, list[dict[str, Any]]] = {}
@@ -345,6 +353,14 @@ def main() -> None:
         elif args.advantage == "exact":
             table = exact_advantages(prompts, logp_table.exp().numpy(), rollout_options, args.gamma)
             adv = np.array([table[s["stage"]][s["state"], s["action"]] for s in steps])
+        elif args.advantage == "q_table":
+            for s in steps:
+                q_sums[s["row"], s["action"]] += s["return"]
+                q_counts[s["row"], s["action"]] += 1
+            q = q_sums / np.maximum(q_counts, 1)
+            pi = logp_table.exp().numpy() * (q_counts > 0)
+            v = (pi * q).sum(-1) / pi.sum(-1).clip(min=1e-12)
+            adv = np.array([q[s["row"], s["action"]] - v[s["row"]] for s in steps])
         else:
             for s in steps:
                 entry = value_table.setdefault((s["stage"], s["state"]), [0.0, 0])
