@@ -5,7 +5,9 @@ changes no greedy action in 20k env steps; a policy that reads the grid moves (+
 LoRA, +0.139 with every weight). Its own advantage, even exact, does not move it there under the
 paper's reward: for that policy a move into danger is the best action in 27-56% of the states
 (`--advantage exact`); with the exit priced out (`--danger-penalty -100`) it does (+0.194 in
-20k env steps), and the state table (`mc_table`) gets there in 61k (`q_table` is no better).
+20k env steps), and the state table (`mc_table`) gets there in 61k. Neither a table over
+(prompt, action) (`q_table`) nor one-step TD over the state table (`td_table --lam 0`) does
+better: 0.444 and 0.456 at 20k, and `td_table` 0.539 at 31k but 0.528 at 61k.
 Results: diagnostics/results/oracle_advantages_*.json, exit_preference_*.json.
 
 What binds RL in the paper's regime (experiments/taxi_limited_data.yaml): the actor itself, the
@@ -33,6 +35,10 @@ takes its argmax (what one forward per step gives, without replaying the LM). Ad
     visit of that pair so far, this batch's included, and A = Q(s, a) - sum over the actions
     tried at s of pi(a'|s) Q(s, a') (pi renormalised over them): the policy's own advantage
     estimated from every visit, not from this step's return alone.
+  - `td_table`: GAE over the `mc_table` state table: delta_t = r_t + gamma V(s_{t+1}) - V(s_t)
+    (V = 0 after the last step, as G takes no bootstrap at the step limit), A_t = sum_k
+    (gamma lambda)^k delta_{t+k} with lambda `--lam` (0: one step; 1: `mc_table`). A move
+    answers for its own outcome, not for a danger ten steps later.
   - `exact`: A of the current policy, without noise: Q(s, a) - V(s) from Taxi's known
     transitions, V evaluated for the tempered policy of this iteration's table (discounted by
     `--gamma`, the step limit ignored). The oracle's A is the optimal policy's; this is what a
@@ -221,7 +227,7 @@ def main() -> None:
     parser.add_argument("--run", type=Path, required=True)
     parser.add_argument(
         "--advantage",
-        choices=["oracle", "mc_table", "mc_batch", "exact", "q_table"],
+        choices=["oracle", "mc_table", "mc_batch", "exact", "q_table", "td_table"],
         default="oracle",
     )
     parser.add_argument(
@@ -230,7 +236,8 @@ def main() -> None:
     numbers = [("--env-steps", int, 20_000), ("--steps-per-iteration", int, 1024),
                ("--envs", int, 32), ("--temperature", float, 1.0), ("--entropy-coeff", float, 0.0),
                ("--lr", float, 1e-3), ("--epochs", int, 2), ("--minibatch", int, 256),
-               ("--clip", float, 0.2), ("--gamma", float, 0.99), ("--seed", int, 0)]  # fmt: skip
+               ("--clip", float, 0.2), ("--gamma", float, 0.99), ("--lam", float, 0.0),
+               ("--seed", int, 0)]  # fmt: skip
     for flag, kind, default in numbers:
         parser.add_argument(flag, type=kind, default=default)
     parser.add_argument("--stages", default="pickup,dropoff,full")
@@ -341,6 +348,7 @@ def main() -> None:
                     for step in reversed(episode):
                         ret = step["reward"] + args.gamma * ret
                         step["return"] = ret
+                    episode[-1]["last"] = True
                     steps += episode
                     episodes.append({"success": info["success"], "danger": info["danger"],
                                      "return": sum(s["reward"] for s in episode)})  # fmt: skip
@@ -368,7 +376,17 @@ def main() -> None:
                 entry[0] += s["return"]
                 entry[1] += 1
             baseline = [value_table[(s["stage"], s["state"])] for s in steps]
-            adv = returns - np.array([total / count for total, count in baseline])
+            values = np.array([total / count for total, count in baseline])
+            adv = returns - values
+            if args.advantage == "td_table":  # episodes lie in `steps` one after another
+                adv = np.zeros(len(steps))
+                carry = 0.0
+                for t in reversed(range(len(steps))):
+                    last = steps[t].get("last", False)
+                    next_value = 0.0 if last else values[t + 1]
+                    delta = steps[t]["reward"] + args.gamma * next_value - values[t]
+                    carry = delta + args.gamma * args.lam * (0.0 if last else carry)
+                    adv[t] = carry
         mean_abs_adv = float(np.abs(adv).mean())
         if not args.no_normalise:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
