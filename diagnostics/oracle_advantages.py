@@ -46,11 +46,12 @@ takes its argmax (what one forward per step gives, without replaying the LM). Ad
 What trains (`--trainable`): `lora_qv8` (the run's RL LoRA, r 8 alpha 16 on q,v), `lora_all32`
 (r 32 alpha 32 on every linear layer), `full` (every LM weight: the SFT was full fine-tuning,
 so the base weights are the SFT policy). Before RL, every `--every` iterations and at the end,
-every held-out (test) start is played once per stage, greedily: success per stage,
-the share of episodes ending in danger, and how many of the states the SFT policy's greedy
-held-out episodes visit now get another argmax action (right->wrong, wrong->right: on a
-shortest path before/after; danger->move), plus, at those of them where the SFT argmax is
-wrong, the probability now on shortest-path actions and the logit gap still to close.
+every held-out (test) start is played once per stage, greedily: success per stage (and over
+every train start, `train_greedy`), the share of episodes ending in danger, and how many of
+the states the SFT policy's greedy held-out episodes visit now get another argmax action
+(right->wrong, wrong->right: on a shortest path before/after; danger->move), plus, at those
+of them where the SFT argmax is wrong, the probability now on shortest-path actions and the
+logit gap still to close.
 
 Each evaluation also reports, per stage, the share of states where the exact advantage of the
 policy under the rollouts' reward ranks a move into danger first (`exit_preferred_*`);
@@ -264,6 +265,7 @@ def main() -> None:
     if args.danger_penalty is not None:  # after the prompts: reflections read no reward
         options["danger_penalty"] = args.danger_penalty
     test_options = TaxiOptions(**{**options, "split": "test"})
+    train_options = TaxiOptions(**{**options, "split": "train"})
     rollout_options = TaxiOptions(**options)
     print(f"{len(prompts.rows)} prompts, {prompts.generated} reflections generated", flush=True)
     policy, params = build_policy(players, args.trainable)
@@ -280,8 +282,10 @@ def main() -> None:
     unchanged = changed_actions(prompts, sft_greedy, sft_greedy, reference)
     wrong_states = sorted(i for i in reference if prompts.oracle[i][sft_greedy[i]] != 0)
     exits = exit_preferred(prompts, logits, rollout_options, args.gamma, args.temperature)
-    heldout = [{"iteration": 0, "env_steps": 0, **before, **unchanged, "states": len(reference),
-                **movement(prompts, logits, wrong_states), **exits}]  # fmt: skip
+    on_train = evaluate(prompts, sft_greedy, train_options, args.seed)[0]["success_all"]
+    heldout = [{"iteration": 0, "env_steps": 0, **before, "train_greedy": on_train, **unchanged,
+                "states": len(reference), **movement(prompts, logits, wrong_states),
+                **exits}]  # fmt: skip
     print(heldout[-1], flush=True)
 
     curve: list[dict[str, Any]] = []
@@ -435,6 +439,9 @@ def main() -> None:
         if iteration % args.every == 0 or iteration == iterations:
             greedy = logits.argmax(-1).tolist()
             result, _ = evaluate(prompts, greedy, test_options, args.seed)
+            result["train_greedy"] = evaluate(prompts, greedy, train_options, args.seed)[0][
+                "success_all"
+            ]
             changes = changed_actions(prompts, sft_greedy, greedy, reference)
             heldout.append({"iteration": iteration, "env_steps": env_steps, **result, **changes,
                             "states": len(reference),
@@ -447,8 +454,9 @@ def main() -> None:
     if iterations == 0:  # --env-steps 0: the figures before RL only
         path = save(sft_greedy, finished=True)
     columns = ["iteration", "env_steps", "success_pickup", "success_dropoff", "success_full",
-               "success_all", "danger", "changed", "right_to_wrong", "wrong_to_right",
-               "danger_to_move", "wrong", "states", "p_right_at_wrong", "gap_at_wrong"]  # fmt: skip
+               "success_all", "train_greedy", "danger", "changed", "right_to_wrong",
+               "wrong_to_right", "danger_to_move", "wrong", "states", "p_right_at_wrong",
+               "gap_at_wrong"]  # fmt: skip
     print_table(heldout, columns)
     print(path)
 
