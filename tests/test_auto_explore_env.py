@@ -18,7 +18,7 @@ from reflectrl.envs.auto_explore.expert import (
     run_expert_episode,
 )
 from reflectrl.envs.auto_explore.render import outline, render_file
-from reflectrl.envs.auto_explore.sandbox import ReadResult
+from reflectrl.envs.auto_explore.sandbox import ReadResult, root_versions
 from reflectrl.envs.auto_explore.tasks import (
     GenerationSettings,
     Task,
@@ -409,6 +409,23 @@ def test_tasks_are_generated_when_missing_and_roots_are_named(tmp_path: Path, re
     assert path.is_file() and len(env.tasks) >= 7
     with pytest.raises(ConfigError, match="does not exist"):
         AutoExploreEnv(AutoExploreOptions(tasks=str(tmp_path / "none.jsonl")))
+
+
+def test_the_corpus_tasks_file_is_named_by_the_installed_versions(
+    tmp_path: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scratch tokenizer's tasks are cached per version of the roots' packages: tasks of
+    another peft name files this one may not show (under peft 0.22, `tuners/lora/` holds one
+    more file and `monteclora.py` of 0.21's tasks falls past the 40-entry menu)."""
+    from importlib.metadata import version
+
+    from reflectrl.envs.auto_explore import env as env_module
+
+    assert root_versions(["pkg:peft", str(repo)]) == f"pkg:peft=peft-{version('peft')};{repo}"
+    name = env_module.corpus_config(tmp_path)["env"]["options"]["tasks"]
+    assert Path(name).parent == tmp_path
+    monkeypatch.setattr(env_module, "root_versions", lambda roots: "pkg:peft=peft-0.0.1")
+    assert env_module.corpus_config(tmp_path)["env"]["options"]["tasks"] != name
 
 
 def test_relative_tasks_path_is_made_absolute(

@@ -35,6 +35,7 @@ plays the shallowest tasks there are.
 
 from __future__ import annotations
 
+import hashlib
 import operator
 from collections.abc import Callable
 from pathlib import Path
@@ -45,7 +46,12 @@ from gymnasium import spaces
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from reflectrl.envs.auto_explore.render import TRUNCATED
-from reflectrl.envs.auto_explore.sandbox import DEFAULT_MAX_READ_BYTES, DEFAULT_SUFFIXES, Sandbox
+from reflectrl.envs.auto_explore.sandbox import (
+    DEFAULT_MAX_READ_BYTES,
+    DEFAULT_SUFFIXES,
+    Sandbox,
+    root_versions,
+)
 from reflectrl.envs.auto_explore.shell import (
     DEFAULT_MAX_ACTIONS,
     DEFAULT_MAX_OUTPUT_CHARS,
@@ -322,9 +328,14 @@ def _keep_on_path(target: RelPath, salt: int, drop_prob: float) -> Callable[[Rel
 
 def corpus_config(cache: Path) -> dict[str, Any]:
     """A scratch tokenizer's corpus: the default roots' tasks (seed 0), with the prompt budgets
-    and the 40 labels of configs/auto_explore.yaml."""
+    and the 40 labels of configs/auto_explore.yaml.
+
+    The tasks file is named by the installed versions of the roots' packages: tasks generated
+    under another version name files that may be gone, so an upgrade generates them anew.
+    """
+    versions = hashlib.sha256(root_versions(DEFAULT_ROOTS).encode()).hexdigest()[:12]
     options = {
-        "tasks": str(cache / "auto_explore-corpus-tasks.jsonl"),
+        "tasks": str(cache / f"auto_explore-corpus-tasks-{versions}.jsonl"),
         "roots": list(DEFAULT_ROOTS),
     }
     return {

@@ -20,6 +20,7 @@ No shell, no subprocess and no `chdir` anywhere.
 from __future__ import annotations
 
 import codecs
+import importlib.metadata
 import importlib.util
 import os
 import re
@@ -101,6 +102,20 @@ def resolve_root(spec: str) -> Path:
     if not real.is_dir():
         raise ConfigError(f"root {spec}: is not a directory")
     return real
+
+
+def root_versions(roots: tuple[str, ...] | list[str]) -> str:
+    """`pkg:NAME=VERSION` for each package root (the distributions that install NAME), the
+    spec alone for a directory: what a cache of tasks generated from these roots depends on.
+    """
+    installed = importlib.metadata.packages_distributions()
+    parts = []
+    for spec in roots:
+        if spec.startswith("pkg:"):
+            dists = sorted(installed.get(spec[4:], []))
+            spec += "=" + ",".join(f"{d}-{importlib.metadata.version(d)}" for d in dists)
+        parts.append(spec)
+    return ";".join(parts)
 
 
 class Sandbox:
