@@ -432,6 +432,55 @@ def test_a_worker_killed_mid_sampling_comes_back_with_the_stage_and_adapter(
             np.testing.assert_array_equal(state[key], learner[key], err_msg=key)
 
 
+def test_when_the_only_worker_dies_the_run_waits_for_it_instead_of_sampling_nothing(
+    ray_session: Any, tmp_path: Path
+) -> None:
+    """SIGKILL the only rollout worker while it samples: that iteration samples nothing and is
+    not counted toward the stage's cap; the next one waits for Ray's restart and samples a
+    whole batch. (Before, every iteration until the restart sampled nothing and counted toward
+    the stage's cap: on a loaded machine a run of 20 iterations ended "done" with 0 env steps.)
+    """
+    import signal
+    import threading
+    import time
+
+    import ray
+
+    from reflectrl.rl.driver import Run
+
+    stages = "[{name: pickup, max_iterations: 1}, {name: dropoff, max_iterations: 2}, {name: full}]"
+    run = Run(smoke_without_reflection(f"curriculum.stages={stages}"), tmp_path / "run", workers=1)
+    try:
+        run.start()
+        first = run.train_iteration()  # `pickup` is capped at 1 iteration
+        group = run.algo.env_runner_group
+        (pid,) = group.foreach_env_runner(lambda runner: os.getpid(), local_env_runner=False)
+
+        def kill_once_sampling() -> None:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                board = ray.get(run.monitor.progress_board.snapshot.remote())
+                if board["phase"] == "sampling" and board["iteration_env_steps"] > 0:
+                    os.kill(pid, signal.SIGKILL)
+                    return
+                time.sleep(0.02)
+
+        killer = threading.Thread(target=kill_once_sampling)
+        killer.start()
+        killed = run.train_iteration()
+        killer.join()
+        after = run.train_iteration()
+        pids = group.foreach_env_runner(lambda runner: os.getpid(), local_env_runner=False)
+    finally:
+        run.close()
+    assert killed["env_steps"] == first["env_steps"] and not killed["updated"]
+    assert killed["stage"] == killed["next_stage"] == "dropoff"
+    assert after["env_steps"] - killed["env_steps"] >= 32 and after["updated"]
+    assert after["restarted_workers"] == 1 and pid not in pids
+    # The empty iteration did not count: `dropoff` has played 1 of its 2 iterations.
+    assert after["stage"] == after["next_stage"] == "dropoff"
+
+
 def test_resume_restores_optimizer_env_streams_and_metrics(
     ray_session: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -128,9 +128,11 @@ class CoordinatorCallback(RLlibCallback):
             self.totals[key] += iteration[key]
         stage_played = self.curriculum.stage
         passed = self.curriculum.review_stages
-        self.curriculum.observe(episodes)
+        new_stage = None
+        if iteration["env_steps"]:  # an iteration whose workers all crashed is not the stage's
+            self.curriculum.observe(episodes)
+            new_stage = self.curriculum.end_iteration()
         success_rate = self.curriculum.success_rate
-        new_stage = self.curriculum.end_iteration()
         if new_stage is not None:
             logger.info("curriculum: %s -> %s", stage_played, new_stage)
             self.push_stage(algorithm.env_runner_group)

@@ -36,6 +36,7 @@ from reflectrl.reflection.endpoint import ReflectionEndpoint
 from reflectrl.rl.checkpoints import read_state, write_checkpoint
 from reflectrl.rl.coordinator import CoordinatorCallback, coordinator_of
 from reflectrl.rl.curriculum import Curriculum
+from reflectrl.rl.failures import WorkerFailureError
 from reflectrl.rl.iteration_row import HeldOutFigures, IterationRow, IterationRows, IterationTiming
 from reflectrl.rl.metrics import MetricsSink, format_progress
 from reflectrl.rl.monitor import IterationMonitor
@@ -128,6 +129,16 @@ class Run:
     def train_iteration(self) -> IterationRow:
         """sample -> advantages -> update -> weight sync -> curriculum -> log/checkpoint."""
         assert self.algo is not None and self.monitor is not None and self.sink is not None
+        group = self.algo.env_runner_group
+        if group.num_remote_env_runners() and not group.num_healthy_remote_env_runners():
+            print("every rollout worker failed: waiting for Ray to restart one", flush=True)
+        if not self.algo.wait_for_a_rollout_worker(self.config.run.sample_timeout_s):
+            raise WorkerFailureError(
+                f"no rollout worker came back within run.sample_timeout_s="
+                f"{self.config.run.sample_timeout_s:g} s after every one failed; last error: "
+                f"{self.monitor.failures.last_error or '(none reported)'}"
+            )
+        updates = self.algo.updates
         started = time.perf_counter()
         with self.monitor.iteration(self.iteration + 1):
             result = self._train()  # steps 1-5: rl/ppo.py, then rl/coordinator.py
@@ -137,6 +148,7 @@ class Run:
             self.iteration,
             result,
             IterationTiming(seconds, self.monitor.sampling_s(seconds)),
+            updated=self.algo.updates > updates,
             staleness=self.algo.staleness,
             weight_sync_bytes=self.algo.weight_sync_bytes(),
             reflection_restarts=self.servers.restarts(),

@@ -91,6 +91,7 @@ class IterationRows:
         result: dict[str, Any],
         timing: IterationTiming,
         *,
+        updated: bool,
         staleness: int,
         weight_sync_bytes: int,
         reflection_restarts: int,
@@ -99,8 +100,8 @@ class IterationRows:
         """(the row, how many workers RLlib restarted since the last row)."""
         ours: CoordinatorReport = result["reflectrl"]
         counts, totals = ours["iteration_counts"], ours["totals"]
-        learner = result.get("learners", {}).get(DEFAULT_MODULE_ID, {})
-        updated = _scalar(learner.get("policy_loss")) is not None
+        # Without an update (every worker crashed) RLlib still reports the last update's stats.
+        learner = result.get("learners", {}).get(DEFAULT_MODULE_ID, {}) if updated else {}
         self.adapter_version += int(updated)
         restarted = ours["restarted_workers"] - self.restarts_seen
         self.restarts_seen = ours["restarted_workers"]

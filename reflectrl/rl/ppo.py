@@ -13,6 +13,7 @@ is learned from one update after the weights that sampled it.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import ray
@@ -130,6 +131,33 @@ class ReflectRLPPO(PPO):
             self.push_weights(modules)
         self._updates += 1
         self._synced = self._updates
+
+    @property
+    def updates(self) -> int:
+        """Policy updates so far in this process."""
+        return self._updates
+
+    def wait_for_a_rollout_worker(self, timeout_s: float) -> bool:
+        """When every rollout worker has crashed, wait (up to `timeout_s`) until Ray has
+        restarted one, and restore it as `Algorithm.train()` would: the learner's weights, then
+        the `on_env_runners_recreated` callbacks (the coordinator pushes the stage and the
+        worker's random state). Otherwise each iteration until then would sample nothing.
+        False if none came back in time."""
+        group = self.env_runner_group
+        deadline = time.monotonic() + timeout_s
+        while group.num_remote_env_runners() and not group.num_healthy_remote_env_runners():
+            restored = self.restore_env_runners(group)
+            if restored:
+                self._make_on_env_runners_recreated_callbacks(
+                    config=self.config,
+                    env_runner_group=group,
+                    restored_env_runner_indices=restored,
+                )
+            elif time.monotonic() > deadline:
+                return False
+            else:
+                time.sleep(1.0)
+        return True
 
     def _with_replay(self, episodes: list[Any]) -> list[Any]:
         """The sampled episodes, plus copies of success replay's (which first takes this
