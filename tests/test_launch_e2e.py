@@ -363,6 +363,22 @@ def test_two_workers_sample_from_different_random_streams(ray_session: Any, tmp_
     assert first != second
 
 
+def kill_once_sampling(run: Any, pid: int) -> None:
+    """SIGKILL the rollout worker `pid` once the run's iteration has sampled its first steps."""
+    import signal
+    import time
+
+    import ray
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        board = ray.get(run.monitor.progress_board.snapshot.remote())
+        if board["phase"] == "sampling" and board["iteration_env_steps"] > 0:
+            os.kill(pid, signal.SIGKILL)
+            return
+        time.sleep(0.02)
+
+
 def test_a_worker_killed_mid_sampling_comes_back_with_the_stage_and_adapter(
     ray_session: Any, tmp_path: Path
 ) -> None:
@@ -370,11 +386,7 @@ def test_a_worker_killed_mid_sampling_comes_back_with_the_stage_and_adapter(
     worker's samples (at most the killed worker's share of one iteration is lost), RLlib
     restarts it, the row counts the restart, and the new worker plays the current stage with
     the learner's current weights."""
-    import signal
     import threading
-    import time
-
-    import ray
 
     from reflectrl.rl.driver import Run
 
@@ -392,16 +404,7 @@ def test_a_worker_killed_mid_sampling_comes_back_with_the_stage_and_adapter(
             lambda runner: os.getpid(), local_env_runner=False, remote_worker_ids=[1]
         )
 
-        def kill_once_sampling() -> None:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                board = ray.get(run.monitor.progress_board.snapshot.remote())
-                if board["phase"] == "sampling" and board["iteration_env_steps"] > 0:
-                    os.kill(pid, signal.SIGKILL)
-                    return
-                time.sleep(0.02)
-
-        killer = threading.Thread(target=kill_once_sampling)
+        killer = threading.Thread(target=kill_once_sampling, args=(run, pid))
         killer.start()
         rows = [run.train_iteration()]
         killer.join()
@@ -440,11 +443,7 @@ def test_when_the_only_worker_dies_the_run_waits_for_it_instead_of_sampling_noth
     whole batch. (Before, every iteration until the restart sampled nothing and counted toward
     the stage's cap: on a loaded machine a run of 20 iterations ended "done" with 0 env steps.)
     """
-    import signal
     import threading
-    import time
-
-    import ray
 
     from reflectrl.rl.driver import Run
 
@@ -456,16 +455,7 @@ def test_when_the_only_worker_dies_the_run_waits_for_it_instead_of_sampling_noth
         group = run.algo.env_runner_group
         (pid,) = group.foreach_env_runner(lambda runner: os.getpid(), local_env_runner=False)
 
-        def kill_once_sampling() -> None:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                board = ray.get(run.monitor.progress_board.snapshot.remote())
-                if board["phase"] == "sampling" and board["iteration_env_steps"] > 0:
-                    os.kill(pid, signal.SIGKILL)
-                    return
-                time.sleep(0.02)
-
-        killer = threading.Thread(target=kill_once_sampling)
+        killer = threading.Thread(target=kill_once_sampling, args=(run, pid))
         killer.start()
         killed = run.train_iteration()
         killer.join()
