@@ -150,3 +150,44 @@ def test_review_stages_are_the_ones_passed() -> None:
     assert c.end_iteration() == "full" and c.review_stages == ("pickup", "dropoff")
     with pytest.raises(ValueError, match="less than 1"):
         CurriculumConfig(review=1.0)
+
+
+class _OneWorker:
+    """The slice of RLlib's EnvRunnerGroup the coordinator calls: one healthy worker."""
+
+    def __init__(self) -> None:
+        self.pushed: list[str] = []
+
+    def healthy_worker_ids(self) -> list[int]:
+        return [1]
+
+    def foreach_env_runner(self, calls: list, **kwargs: object) -> list[str]:
+        self.pushed += [call.keywords["stage"] for call in calls]
+        return self.pushed
+
+
+def test_the_row_reports_the_success_of_the_stage_played_when_the_stage_switches() -> None:
+    """A stage switch clears the window; the iteration's row still reports the success rate
+    of the stage it played (a switch after pickup's one iteration once reported 0.00)."""
+    from types import SimpleNamespace
+
+    from reflectrl.rl.coordinator import CoordinatorCallback
+    from reflectrl.rollout.seams import zero_counts
+
+    coordinator = CoordinatorCallback()
+    coordinator.curriculum = make()
+    coordinator.curriculum.stages[0].max_iterations = 1
+    played = [{**e, "step_limit": False} for e in episodes("pickup", [True, True, False, True])]
+    counts = {**zero_counts(), "env_steps": 4}
+    stats = {"worker_index": 1, "random_state": {}, "stage": "pickup", "episodes": played, **counts}
+    group = _OneWorker()
+    algorithm = SimpleNamespace(sampled_stats=[stats], env_runner_group=group)
+    result: dict = {}
+    coordinator.on_train_result(algorithm=algorithm, result=result)
+    report = result["reflectrl"]
+    assert (report["stage"], report["next_stage"], group.pushed) == (
+        "pickup",
+        "dropoff",
+        ["dropoff"],
+    )
+    assert report["success_rate"] == pytest.approx(0.75)

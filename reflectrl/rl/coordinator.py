@@ -129,10 +129,12 @@ class CoordinatorCallback(RLlibCallback):
         stage_played = self.curriculum.stage
         passed = self.curriculum.review_stages
         new_stage = None
+        success_rate = self.curriculum.success_rate
         if iteration["env_steps"]:  # an iteration whose workers all crashed is not the stage's
             self.curriculum.observe(episodes)
+            # The stage played: read before a stage switch clears the window.
+            success_rate = self.curriculum.success_rate
             new_stage = self.curriculum.end_iteration()
-        success_rate = self.curriculum.success_rate
         if new_stage is not None:
             logger.info("curriculum: %s -> %s", stage_played, new_stage)
             self.push_stage(algorithm.env_runner_group)
