@@ -35,6 +35,9 @@ takes its argmax (what one forward per step gives, without replaying the LM). Ad
     visit of that pair so far, this batch's included, and A = Q(s, a) - sum over the actions
     tried at s of pi(a'|s) Q(s, a') (pi renormalised over them): the policy's own advantage
     estimated from every visit, not from this step's return alone.
+  - `mc_table_bootstrap`: `mc_table`, but the return of an episode the step limit cut goes on
+    from its last state's table value (gamma^(T-t) V(s_T)): the step limit is not in the
+    observation, and without it wandering to the limit looks cheap.
   - `td_table`: GAE over the `mc_table` state table: delta_t = r_t + gamma V(s_{t+1}) - V(s_t)
     (V = 0 after the last step, as G takes no bootstrap at the step limit), A_t = sum_k
     (gamma lambda)^k delta_{t+k} with lambda `--lam` (0: one step; 1: `mc_table`). A move
@@ -79,10 +82,13 @@ from benchmarks.common import print_table, write_results
 from diagnostics.common import RESULTS
 from diagnostics.failure_modes import Players, load_players
 from diagnostics.taxi_prompts import DANGER_ADVANTAGE, Prompts, logits_of
+from diagnostics.taxi_rollouts import TableCritics, TaxiRollouts
 from reflectrl.envs.taxi import IN_TAXI, PICKUP, DangerousTaxiEnv, TaxiOptions
 
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 STAGES = ("pickup", "dropoff", "full")
+ADVANTAGES = ["oracle", "mc_table", "mc_table_bootstrap", "mc_batch", "exact", "q_table"]
+ADVANTAGES += ["td_table"]
 
 
 def build_policy(players: Players, trainable: str) -> tuple[Any, list[torch.nn.Parameter]]:
@@ -165,12 +171,12 @@ def movement(prompts: Prompts, logits: torch.Tensor, states: list[int]) -> dict[
     }
 
 
-def exact_advantages(
-    prompts: Prompts, probs: np.ndarray, options: TaxiOptions, gamma: float
-) -> dict[str, np.ndarray]:
-    """A^pi[stage] ([500 states, 6 actions]) of the policy whose action probabilities at each
-    prompt are `probs`: the env's own step rules over Taxi's deterministic table, then policy
-    evaluation to convergence. A stage never changes within an episode."""
+def stage_models(
+    prompts: Prompts, probs: np.ndarray, options: TaxiOptions
+) -> dict[str, tuple[np.ndarray, ...]]:
+    """Per stage, the policy and Taxi's deterministic table under the env's own step rules:
+    (pi [500 states, actions], next state, reward, alive [500, actions]). A stage never changes
+    within an episode."""
     taxi = DangerousTaxiEnv(options).taxi
     scale, actions = options.reward_scale, probs.shape[1]
     out = {}
@@ -189,6 +195,17 @@ def exact_advantages(
                 else:
                     done = bool(delivered)
                 nxt[s, a], reward[s, a], alive[s, a] = s2, r * scale, not done
+        out[stage] = (pi, nxt, reward, alive)
+    return out
+
+
+def exact_advantages(
+    prompts: Prompts, probs: np.ndarray, options: TaxiOptions, gamma: float
+) -> dict[str, np.ndarray]:
+    """A^pi[stage] ([500 states, 6 actions]) of the policy whose action probabilities at each
+    prompt are `probs`, by policy evaluation to convergence (the step limit ignored)."""
+    out = {}
+    for stage, (pi, nxt, reward, alive) in stage_models(prompts, probs, options).items():
         value = np.zeros(500)
         for _ in range(2000):
             q = reward + gamma * alive * value[nxt]
@@ -197,6 +214,24 @@ def exact_advantages(
                 break
             value = new
         out[stage] = reward + gamma * alive * value[nxt] - value[:, None]
+    return out
+
+
+def step_limit_advantages(
+    prompts: Prompts, probs: np.ndarray, options: TaxiOptions, gamma: float
+) -> dict[str, np.ndarray]:
+    """A^pi[stage][k] ([max_steps + 1, 500, 6]) with k steps left before the step limit
+    (`max_steps`) truncates the episode: what the returns of truncated episodes estimate."""
+    out = {}
+    for stage, (pi, nxt, reward, alive) in stage_models(prompts, probs, options).items():
+        adv = np.zeros((options.max_steps + 1, 500, probs.shape[1]))
+        value = np.zeros(500)  # k - 1 steps left
+        for k in range(1, options.max_steps + 1):
+            q = reward + gamma * alive * value[nxt]
+            new = (pi * q).sum(1)
+            adv[k] = q - new[:, None]
+            value = new
+        out[stage] = adv
     return out
 
 
@@ -228,7 +263,7 @@ def main() -> None:
     parser.add_argument("--run", type=Path, required=True)
     parser.add_argument(
         "--advantage",
-        choices=["oracle", "mc_table", "mc_batch", "exact", "q_table", "td_table"],
+        choices=ADVANTAGES,
         default="oracle",
     )
     parser.add_argument(
@@ -301,96 +336,28 @@ def main() -> None:
         }  # fmt: skip
         return write_results(name, results, folder=RESULTS)
 
-    stages = args.stages.split(",")
-    envs = [
-        DangerousTaxiEnv(TaxiOptions(**{**options, "split": "train"})) for _ in range(args.envs)
-    ]
-    for i, env in enumerate(envs):
-        env.reset(seed=args.seed * 1000 + i)  # seeds each env's start stream once
+    rollouts = TaxiRollouts(
+        prompts, TaxiOptions(**{**options, "split": "train"}), args.stages.split(","),
+        args.envs, args.seed, rng, args.gamma,
+    )  # fmt: skip
     generator = torch.Generator().manual_seed(args.seed)
-    value_table: dict[tuple[str, int], list[float]] = {}
-    q_sums = np.zeros(logits.shape)  # q_table: per (prompt, action), the sum and count of G
-    q_counts = np.zeros(logits.shape)
+    critics = TableCritics(*logits.shape)
     iterations = -(-args.env_steps // args.steps_per_iteration)
     env_steps = 0
-    running: dict[int, list[dict[str, Any]]] = {}
-
-    def begin(i: int) -> None:
-        envs[i].set_stage(stages[int(rng.integers(len(stages)))])
-        envs[i].reset()
-        running[i] = []
-
-    for i in range(len(envs)):
-        begin(i)
     for iteration in range(1, iterations + 1):
-        # Rollout: the envs step in lockstep until steps_per_iteration steps are taken; the
-        # batch holds the episodes that ended (one still running goes on next iteration, its
-        # steps keep the log-probs they were sampled with), so no return is ever cut.
         logp_table = torch.log_softmax(logits / args.temperature, -1)
         entropy_table = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
-        steps: list[dict[str, Any]] = []
-        episodes: list[dict[str, Any]] = []
-        taken, entropies = 0, []
-        while taken < args.steps_per_iteration:
-            live = range(min(len(envs), args.steps_per_iteration - taken))
-            rows = [prompts.of(envs[i]) for i in live]
-            actions = torch.multinomial(logp_table[rows].exp(), 1, generator=generator)
-            for i, k, action in zip(live, rows, actions.squeeze(1).tolist(), strict=True):
-                env = envs[i]
-                stage, state = env.episode_stage, int(env.taxi.s)
-                _, reward, terminated, truncated, info = env.step(action)
-                taken += 1
-                entropies.append(float(entropy_table[k]))
-                running[i].append({
-                    "row": k, "action": action, "logp": float(logp_table[k, action]),
-                    "stage": stage, "state": state, "reward": reward,
-                    "oracle": prompts.oracle[k][action],
-                })  # fmt: skip
-                if terminated or truncated:
-                    episode = running[i]
-                    ret = 0.0
-                    for step in reversed(episode):
-                        ret = step["reward"] + args.gamma * ret
-                        step["return"] = ret
-                    episode[-1]["last"] = True
-                    steps += episode
-                    episodes.append({"success": info["success"], "danger": info["danger"],
-                                     "return": sum(s["reward"] for s in episode)})  # fmt: skip
-                    begin(i)
-        env_steps += taken
-        returns = np.array([s["return"] for s in steps])
+        steps, episodes, shown = rollouts.batch(logp_table, args.steps_per_iteration, generator)
+        entropies = entropy_table[shown].tolist()
+        env_steps += len(shown)
         if args.advantage == "oracle":
             adv = np.array([s["oracle"] for s in steps])
-        elif args.advantage == "mc_batch":
-            adv = returns - returns.mean()
         elif args.advantage == "exact":
             table = exact_advantages(prompts, logp_table.exp().numpy(), rollout_options, args.gamma)
             adv = np.array([table[s["stage"]][s["state"], s["action"]] for s in steps])
-        elif args.advantage == "q_table":
-            for s in steps:
-                q_sums[s["row"], s["action"]] += s["return"]
-                q_counts[s["row"], s["action"]] += 1
-            q = q_sums / np.maximum(q_counts, 1)
-            pi = logp_table.exp().numpy() * (q_counts > 0)
-            v = (pi * q).sum(-1) / pi.sum(-1).clip(min=1e-12)
-            adv = np.array([q[s["row"], s["action"]] - v[s["row"]] for s in steps])
         else:
-            for s in steps:
-                entry = value_table.setdefault((s["stage"], s["state"]), [0.0, 0])
-                entry[0] += s["return"]
-                entry[1] += 1
-            baseline = [value_table[(s["stage"], s["state"])] for s in steps]
-            values = np.array([total / count for total, count in baseline])
-            adv = returns - values
-            if args.advantage == "td_table":  # episodes lie in `steps` one after another
-                adv = np.zeros(len(steps))
-                carry = 0.0
-                for t in reversed(range(len(steps))):
-                    last = steps[t].get("last", False)
-                    next_value = 0.0 if last else values[t + 1]
-                    delta = steps[t]["reward"] + args.gamma * next_value - values[t]
-                    carry = delta + args.gamma * args.lam * (0.0 if last else carry)
-                    adv[t] = carry
+            probs = logp_table.exp().numpy()
+            adv = critics.advantages(args.advantage, steps, probs, args.gamma, args.lam)
         mean_abs_adv = float(np.abs(adv).mean())
         if not args.no_normalise:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)

@@ -79,3 +79,54 @@ def test_a_policy_that_walks_into_walls_prefers_the_exit_and_a_high_penalty_stop
     assert set(paper) == {f"exit_preferred_{s}" for s in STAGES}
     assert all(paper[k] > 0.5 for k in paper), paper
     assert all(priced_out[k] < min(0.1, paper[k] / 5) for k in paper), (paper, priced_out)
+
+
+def test_with_the_step_limit_far_off_the_advantage_is_the_step_limit_free_one() -> None:
+    """`step_limit_advantages` with k steps left: at k = 1 only the step's own reward counts
+    (Q(s, a) = r(s, a)); with the limit far off it is `exact_advantages`."""
+    from diagnostics.oracle_advantages import step_limit_advantages
+
+    prompts = every_state()
+    uniform = np.full((len(prompts.oracle), len(ACTIONS)), 1 / len(ACTIONS))
+    far = TaxiOptions(max_steps=3000)
+    limited = step_limit_advantages(prompts, uniform, far, 0.9)
+    free = exact_advantages(prompts, uniform, far, 0.9)
+    assert np.allclose(limited["full"][3000], free["full"], atol=1e-6)
+    # A pickup state beside a wall: a move into it against a legal move (reward -1), one step
+    # before the limit, differ by their own rewards alone.
+    state, row = next(
+        (s, prompts.oracle[i]) for (pickup, s), i in prompts.index.items()
+        if pickup and DANGER_ADVANTAGE in prompts.oracle[i][:4]
+    )  # fmt: skip
+    wall = row.index(DANGER_ADVANTAGE)
+    move = next(a for a in range(4) if row[a] != DANGER_ADVANTAGE)
+    one_step = limited["pickup"][1][state]
+    assert np.isclose(one_step[wall] - one_step[move], (far.danger_penalty + 1) * far.reward_scale)
+    assert not np.allclose(limited["full"][1], free["full"])
+
+
+def test_a_cut_episode_goes_on_from_its_last_states_table_value() -> None:
+    """`TableCritics.bootstrap`: the steps of an episode the step limit cut get
+    gamma^(T - t + 1) V(s_T); a terminated episode's get 0."""
+    from diagnostics.taxi_rollouts import TableCritics
+
+    critics = TableCritics(prompts=1, actions=6)
+    critics.value[("full", 7)] = [-6.0, 3]  # V = -2
+    cut = [
+        {"stage": "full"},
+        {"stage": "full"},
+        {"stage": "full", "last": True, "truncated": True, "next_state": 7},
+    ]
+    ended = [{"stage": "full", "last": True, "truncated": False, "next_state": 7}]
+    out = critics.bootstrap(ended + cut, 0.5)  # fmt: skip
+    assert np.allclose(out, [0.0, -2 * 0.5**3, -2 * 0.5**2, -2 * 0.5])
+
+
+def test_a_batch_gradient_of_one_step_moves_its_action_against_the_rest() -> None:
+    """`advantage_noise.batch_gradient`: A (onehot(a) - pi) at the step's prompt."""
+    from diagnostics.advantage_noise import batch_gradient, cosine
+
+    probs = np.array([[0.5, 0.25, 0.25], [1 / 3, 1 / 3, 1 / 3]])
+    grad = batch_gradient([{"row": 0, "action": 1}], np.array([2.0]), probs)
+    assert np.allclose(grad, [[-1.0, 1.5, -0.5], [0, 0, 0]])
+    assert np.isclose(cosine(grad, 3 * grad), 1.0) and np.isclose(cosine(grad, -grad), -1.0)
