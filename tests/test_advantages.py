@@ -129,6 +129,31 @@ def test_state_table_subtracts_the_running_mean_of_every_visit_so_far() -> None:
     assert restored == table
 
 
+def test_state_table_bootstraps_a_truncated_episode_from_its_last_observation() -> None:
+    """rl.bootstrap_step_limit: a return the step limit cut goes on from the table's value of
+    the observation after its last step, as the table stood before this batch; a terminated
+    episode, or a truncated one whose last observation the table has not seen, keeps its own."""
+    table = StateTable()
+    table.add("end", -4.0)
+    table.add("end", -2.0)  # V(end) = -3
+    cut = Episode(np.array([1.0, 0.0]), False, digests=["a", "b"], bootstrap_digest="end")
+    ended = Episode(np.array([1.0]), True, digests=["a"], bootstrap_digest="end")
+    unseen = Episode(np.array([2.0]), False, digests=["c"], bootstrap_digest="new")
+    settings = AdvantageSettings("state_table", gamma=0.5, bootstrap_step_limit=True)
+    result = estimate([cut, ended, unseen], settings, table)
+    # cut's returns: [1 + 0.5 * 0, 0] plus [0.5^2, 0.5] x -3 = [0.25, -1.5]; ended's 1.
+    # "a": 0.25 and 1 (mean 0.625); "b" and "c" are seen once: 0.
+    np.testing.assert_allclose(result.advantages[0], [0.25 - 0.625, 0.0])
+    np.testing.assert_allclose(result.advantages[1], [1.0 - 0.625])
+    np.testing.assert_allclose(result.advantages[2], [0.0])
+    assert table.value("b") == pytest.approx(-1.5) and table.value("c") == pytest.approx(2.0)
+    # Without the setting, the cut return stops at the limit.
+    plain = StateTable()
+    plain.load(StateTable(sums={"end": -6.0}, counts={"end": 2}).state())
+    estimate([cut], AdvantageSettings("state_table", gamma=0.5), plain)
+    assert plain.value("a") == pytest.approx(1.0)
+
+
 def test_state_table_needs_its_table_and_digests() -> None:
     with pytest.raises(ValueError, match="StateTable"):
         estimate(GROUPED, AdvantageSettings("state_table"))
@@ -233,3 +258,24 @@ def test_state_table_lives_on_in_the_learner_and_its_checkpoint_state() -> None:
     assert fresh.learner.get_state()[STATE_TABLE] == local.learner.get_state()[STATE_TABLE]
     # Without state_table, the learner state has no table.
     assert STATE_TABLE not in build_in_process(load_config(SMOKE, OVERRIDES)).learner.get_state()
+
+
+def test_the_connector_bootstraps_truncated_episodes_from_the_table() -> None:
+    """rl.bootstrap_step_limit on a real batch: the same two batches of one start with a
+    3-step limit fill the two learners' tables with the same visits, and the bootstrapped
+    one's returns sum lower (a step costs, so V of a state after the cut is below 0)."""
+    overrides = [
+        *OVERRIDES, "rl.advantage=state_table", "ppo.batch_mode=complete_episodes",
+        "env.options.starts=[2]", "env.options.max_steps=3",
+    ]  # fmt: skip
+    plain = build_in_process(load_config(SMOKE, overrides))
+    boot = build_in_process(load_config(SMOKE, [*overrides, "rl.bootstrap_step_limit=true"]))
+    boot.module.set_state(plain.module.get_state())
+    batches = [plain.sample(), plain.sample()]
+    assert any(e.is_truncated for e in batches[1])
+    for episodes in batches:
+        plain.train_batch(episodes)
+        boot.train_batch(episodes)
+    tables = [local.learner.get_state()[STATE_TABLE] for local in (plain, boot)]
+    assert tables[0]["counts"] == tables[1]["counts"]
+    assert sum(tables[1]["sums"].values()) < sum(tables[0]["sums"].values()) - 1e-6

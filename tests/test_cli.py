@@ -93,6 +93,10 @@ def test_help_lists_the_launch_options() -> None:
             ["reflection.max_tokens=100000", "reflection.max_model_len=512", "lower max_tokens"],
         ),
         (["--config", "NOT_UTF8"], ["is not UTF-8 text", "save the config as UTF-8"]),
+        (
+            ["--config", SMOKE, "--set", "rl.bootstrap_step_limit=true"],
+            ["rl.bootstrap_step_limit=true", "rl.advantage=gae", "rl.advantage=state_table"],
+        ),
         (["--config", SMOKE, "--set", "policy.action_head=tokens"], ["policy.action_head"]),
         (
             ["--config", SMOKE, "--set", "policy.text_normalisation=chars"],

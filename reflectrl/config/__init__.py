@@ -118,6 +118,12 @@ class ReflectRLConfig(Strict):
                 "sft.policy=false leaves the sft stage nothing to train (the reflection is off "
                 "or served from a url); set sft.enabled=false for RL from scratch"
             )
+        if self.rl.bootstrap_step_limit and self.rl.advantage != "state_table":
+            raise ValueError(
+                f"rl.bootstrap_step_limit=true bootstraps state_table's returns, but "
+                f"rl.advantage={self.rl.advantage}; set rl.advantage=state_table or "
+                "rl.bootstrap_step_limit=false"
+            )
         if self.rl.advantage == "state_table" and self.run.num_learners > 1:
             raise ValueError(
                 f"rl.advantage=state_table keeps its table in one learner, but "

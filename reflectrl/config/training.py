@@ -262,6 +262,10 @@ class RLStage(Strict):
     """gigpo: the weight of the step (anchor-state) advantage beside the episode advantage."""
     scale_by_std: bool = True
     """grpo / gigpo: divide the episode advantage by its group's std."""
+    bootstrap_step_limit: bool = False
+    """state_table: the return of an episode the step limit cut goes on from the table's value
+    of its last observation (the step limit is not in the observation; gae bootstraps there from
+    its value head already). false: such a return stops at the limit."""
     normalise_advantages: bool = True
     """Standardise the advantages over the rows that carry loss (bootstrap rows get 0)."""
     success_replay: SuccessReplayConfig = Field(default_factory=SuccessReplayConfig)

@@ -110,6 +110,8 @@ class AdvantageEstimation(ConnectorV2):
                     group=_group(chunk),
                     values=None if values is None else values[start:end],
                     digests=None if digests is None else digests[start : end - 1],
+                    # the bootstrap row holds the observation after the last step
+                    bootstrap_digest=None if digests is None else digests[end - 1],
                 )
             )
         result = estimate(found, self.settings, self.table)

@@ -15,7 +15,8 @@ observation). Output: one advantage per step, and the value targets a critic tra
   the return from every step so far (this batch's included) that saw the same observation: a
   critic that tells every observation apart, which the LM's value head cannot (Taxi's start
   prompts share a last-token state at cosine 0.998). The table (`StateTable`) lives on in the
-  learner across iterations and in its checkpoints.
+  learner across iterations and in its checkpoints. With `bootstrap_step_limit`, the return of
+  an episode the step limit cut goes on from the table's value of its last observation.
 
 Groups: episodes that share `group` started from the same start. An episode alone in its group
 (or with no group) is compared with the whole batch instead, and `fallback_episodes` counts it.
@@ -49,6 +50,8 @@ class Episode:
     values: np.ndarray | None = None  # [T + 1], critic estimators only
     group: Hashable | None = None
     digests: Sequence[Hashable] | None = None  # [T], gigpo and state_table only
+    # the observation after the last step: state_table's bootstrap of a truncated episode
+    bootstrap_digest: Hashable | None = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class AdvantageSettings:
     lambda_: float = 0.95
     step_advantage_weight: float = 1.0  # gigpo: weight of the anchor-state step advantage
     scale_by_std: bool = True  # grpo and gigpo's episode part: divide by the group's std
+    bootstrap_step_limit: bool = False  # state_table: a truncated return goes on from V(s_T)
 
 
 @dataclass
@@ -175,6 +179,19 @@ def anchor_step_advantages(
     return out, anchored
 
 
+def bootstrapped(
+    returns: np.ndarray, episode: Episode, table: StateTable, gamma: float
+) -> np.ndarray:
+    """The returns of an episode the step limit cut, going on from the table's value of the
+    observation after its last step: G_t + gamma^(T - t) V(s_T). A terminated episode, or one
+    whose last observation the table has not seen, keeps its returns."""
+    last = episode.bootstrap_digest
+    if episode.terminated or last is None or last not in table.counts:
+        return returns
+    steps_left = np.arange(len(returns), 0, -1)  # T - t
+    return returns + gamma**steps_left * table.value(last)
+
+
 def table_advantages(
     returns: Sequence[np.ndarray], digests: Sequence[Sequence[Hashable]], table: StateTable
 ) -> tuple[list[np.ndarray], int]:
@@ -222,6 +239,10 @@ def estimate(
     if kind == "state_table":
         if table is None:
             raise ValueError("state_table needs its StateTable")
+        if settings.bootstrap_step_limit:  # from the table as it was before this batch
+            returns = [
+                bootstrapped(g, e, table, gamma) for g, e in zip(returns, episodes, strict=True)
+            ]
         advantages, seen = table_advantages(returns, _digests_of(episodes, kind), table)
         return Estimate(advantages, None, anchor_steps=seen)
     # Episode level: the undiscounted return, against the episode's group.

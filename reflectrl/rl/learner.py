@@ -52,6 +52,7 @@ class AdvantageConfig(TypedDict):
     estimator: str
     step_advantage_weight: float
     scale_by_std: bool
+    bootstrap_step_limit: bool
     normalise: bool
 
 
@@ -60,6 +61,7 @@ def advantage_config(rl: RLStage) -> AdvantageConfig:
         estimator=rl.advantage,
         step_advantage_weight=rl.step_advantage_weight,
         scale_by_std=rl.scale_by_std,
+        bootstrap_step_limit=rl.bootstrap_step_limit,
         normalise=rl.normalise_advantages,
     )
 
@@ -92,6 +94,7 @@ class ReflectRLPPOLearner(PPOTorchLearner):
                 lambda_=self.config.lambda_,
                 step_advantage_weight=settings["step_advantage_weight"],
                 scale_by_std=settings["scale_by_std"],
+                bootstrap_step_limit=settings["bootstrap_step_limit"],
             ),
             normalise=settings["normalise"],
         )
