@@ -2,6 +2,13 @@
 from the policy gradient of the exact advantage, and which lever (a larger batch, group resets,
 a shorter horizon, TD over the state table) brings it closer?
 
+Answer (docs/rl.md, "What the learned estimates miss"): not noise. Against the advantage they
+estimate, the one with the step limit, the table estimators come as close as its exact value
+at the sampled actions (cosine 0.58-0.60 against 0.65 at 2,048 env steps); that advantage and
+the step-limit-free one that lifts point apart (0.17). Bootstrapping a cut return from the table
+(`mc_table_bootstrap`) turns toward the latter (0.17 -> 0.29; 0.24 -> 0.47 at 8,192 steps).
+Results: diagnostics/results/advantage_noise.json.
+
 Why: on the map-reading SFT players the exact advantage lifts held-out success by +0.244 in 61k
 env steps, the state table by +0.194 and the pipeline by +0.133
 (diagnostics/oracle_advantages.py); what is left to lower is the estimate's noise.

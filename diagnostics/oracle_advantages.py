@@ -7,7 +7,8 @@ paper's reward: for that policy a move into danger is the best action in 27-56% 
 (`--advantage exact`); with the exit priced out (`--danger-penalty -100`) it does (+0.194 in
 20k env steps), and the state table (`mc_table`) gets there in 61k. Neither a table over
 (prompt, action) (`q_table`) nor one-step TD over the state table (`td_table --lam 0`) does
-better: 0.444 and 0.456 at 20k, and `td_table` 0.539 at 31k but 0.528 at 61k.
+better: 0.444 and 0.456 at 20k, and `td_table` 0.539 at 31k but 0.528 at 61k; nor does the
+state table bootstrapped at the step limit (`mc_table_bootstrap`): 0.422 at 20k.
 Results: diagnostics/results/oracle_advantages_*.json, exit_preference_*.json.
 
 What binds RL in the paper's regime (experiments/taxi_limited_data.yaml): the actor itself, the
