@@ -61,6 +61,7 @@ ESTIMATORS = [
     ("q_table", "q_table", 0.0),
     ("td_table_lam0", "td_table", 0.0),
     ("td_table_lam0.9", "td_table", 0.9),
+    ("td_model", "td_model", 0.0),
 ]
 
 

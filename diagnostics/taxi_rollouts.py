@@ -116,6 +116,10 @@ class TableCritics:
     q_sums: np.ndarray = field(init=False)
     q_counts: np.ndarray = field(init=False)
 
+    # td_model: per (stage, taxi state), per next state (None: the episode ended there), the
+    # count and reward sum of every transition seen so far
+    transitions: dict[Any, dict[Any, list[float]]] = field(default_factory=dict)
+
     def __post_init__(self) -> None:
         self.q_sums = np.zeros((self.prompts, self.actions))
         self.q_counts = np.zeros((self.prompts, self.actions))
@@ -123,9 +127,11 @@ class TableCritics:
     def advantages(
         self, kind: str, steps: list[Step], probs: np.ndarray, gamma: float, lam: float
     ) -> np.ndarray:
-        """`mc_batch`, `q_table`, `mc_table`, `mc_table_bootstrap` or `td_table` advantages of
-        `steps` (episodes one after another), updating the tables with them first. `probs`: the
-        policy's table."""
+        """`mc_batch`, `q_table`, `mc_table`, `mc_table_bootstrap`, `td_table` or `td_model`
+        advantages of `steps` (episodes one after another), updating the tables with them
+        first. `probs`: the policy's table."""
+        if kind == "td_model":
+            return self.model_advantages(steps, gamma)
         returns = np.array([s["return"] for s in steps])
         if kind == "mc_table_bootstrap":  # a cut episode goes on from its last state's value
             returns = returns + self.bootstrap(steps, gamma)
@@ -173,3 +179,55 @@ class TableCritics:
                 total, count = self.value.get((last["stage"], last["next_state"]), (0.0, 0))
                 out[t] = gamma ** (end - t + 1) * total / max(count, 1)
         return out
+
+    def model_advantages(self, steps: list[Step], gamma: float) -> np.ndarray:
+        """`td_model`: every transition of `steps` goes into the empirical model first; V is
+        that model's policy evaluation to convergence (the actions as often as they were
+        taken, a cut episode going on from where it stopped: the step limit is not in the
+        observation), and A_t = r_t + gamma V(s_{t+1}) - V(s_t), V = 0 after an ending."""
+        nexts = [_next_key(steps, t) for t in range(len(steps))]
+        for step, nxt in zip(steps, nexts, strict=True):
+            entry = self.transitions.setdefault(_key(step), {}).setdefault(nxt, [0, 0.0])
+            entry[0] += 1
+            entry[1] += step["reward"]
+        value = self.model_values(gamma)
+        return np.array([
+            s["reward"] + gamma * (0.0 if n is None else value.get(n, 0.0)) - value[_key(s)]
+            for s, n in zip(steps, nexts, strict=True)
+        ])  # fmt: skip
+
+    def model_values(self, gamma: float, sweeps: int = 5000) -> dict[Any, float]:
+        """V of the empirical model, iterated to convergence (a next state never left is 0)."""
+        keys = list(self.transitions)
+        index = {k: i for i, k in enumerate(keys)}
+        reward, rows, cols, weights = np.zeros(len(keys)), [], [], []
+        for key, out in self.transitions.items():
+            visits = sum(count for count, _ in out.values())
+            reward[index[key]] = sum(total for _, total in out.values()) / visits
+            for nxt, (count, _) in out.items():
+                if nxt in index:
+                    rows.append(index[key])
+                    cols.append(index[nxt])
+                    weights.append(count / visits)
+        src, dst, w = np.array(rows, dtype=int), np.array(cols, dtype=int), np.array(weights)
+        value = np.zeros(len(keys))
+        for _ in range(sweeps):
+            new = reward + gamma * np.bincount(src, w * value[dst], minlength=len(keys))
+            done = np.abs(new - value).max() < 1e-8
+            value = new
+            if done:
+                break
+        return {k: float(value[i]) for k, i in index.items()}
+
+
+def _key(step: Step) -> tuple[str, int]:
+    return step["stage"], step["state"]
+
+
+def _next_key(steps: list[Step], t: int) -> tuple[str, int] | None:
+    """The state after step t: the next step's, or after an episode's last step the state a
+    cut left it in (None where it ended)."""
+    step = steps[t]
+    if not step.get("last"):
+        return _key(steps[t + 1])
+    return (step["stage"], step["next_state"]) if step.get("truncated") else None

@@ -6,6 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import torch
 
 from diagnostics.oracle_advantages import STAGES, exact_advantages, exit_preferred
@@ -130,3 +131,26 @@ def test_a_batch_gradient_of_one_step_moves_its_action_against_the_rest() -> Non
     grad = batch_gradient([{"row": 0, "action": 1}], np.array([2.0]), probs)
     assert np.allclose(grad, [[-1.0, 1.5, -0.5], [0, 0, 0]])
     assert np.isclose(cosine(grad, 3 * grad), 1.0) and np.isclose(cosine(grad, -grad), -1.0)
+
+
+def test_the_model_table_evaluates_the_transitions_seen_without_the_step_limit() -> None:
+    """`TableCritics` `td_model` by hand, gamma 0.5: from state 1 one episode goes on to 2
+    (reward -1) and ends there (+1), another ends at once (+3); a third, cut by the step limit,
+    goes 3 -> 1 (-1). So V(2) = 1, V(1) = (-1 + 0.5 V(2) + 3) / 2 = 1.25, V(3) = -1 + 0.5 V(1):
+    the cut episode goes on from state 1 as if there were no limit."""
+    from diagnostics.taxi_rollouts import TableCritics
+
+    def step(state: int, reward: float, **end: object) -> dict:
+        return {"stage": "full", "state": state, "reward": reward, **end}
+
+    steps = [
+        step(1, -1.0), step(2, 1.0, last=True, truncated=False),
+        step(1, 3.0, last=True, truncated=False),
+        step(3, -1.0, last=True, truncated=True, next_state=1),
+    ]  # fmt: skip
+    critics = TableCritics(prompts=1, actions=6)
+    adv = critics.advantages("td_model", steps, np.ones((1, 6)), 0.5, 0.0)
+    values = {("full", 1): 1.25, ("full", 2): 1.0, ("full", 3): -1 + 0.5 * 1.25}
+    assert critics.model_values(0.5) == pytest.approx(values)
+    # A = r + 0.5 V(next) - V(s): the two ways out of state 1 differ; the others are sure.
+    np.testing.assert_allclose(adv, [-1 + 0.5 - 1.25, 0.0, 3 - 1.25, 0.0], atol=1e-9)
