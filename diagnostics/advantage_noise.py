@@ -62,6 +62,7 @@ ESTIMATORS = [
     ("td_table_lam0", "td_table", 0.0),
     ("td_table_lam0.9", "td_table", 0.9),
     ("td_model", "td_model", 0.0),
+    ("q_model", "q_model", 0.0),
 ]
 
 

@@ -9,7 +9,8 @@ paper's reward: for that policy a move into danger is the best action in 27-56% 
 (prompt, action) (`q_table`) nor one-step TD over the state table (`td_table --lam 0`) does
 better: 0.444 and 0.456 at 20k, and `td_table` 0.539 at 31k but 0.528 at 61k; nor does the
 state table bootstrapped at the step limit (`mc_table_bootstrap`): 0.422 at 20k. The
-model-based table (`td_model`) gets 0.472 at 20k (the exact advantage 0.544).
+model-based table (`td_model`) gets 0.472 at 20k and the same evaluated for the current policy
+(`q_model`) 0.467 (the exact advantage 0.544).
 Results: diagnostics/results/oracle_advantages_*.json, exit_preference_*.json.
 
 What binds RL in the paper's regime (experiments/taxi_limited_data.yaml): the actor itself, the
@@ -45,6 +46,9 @@ takes its argmax (what one forward per step gives, without replaying the LM). Ad
     that empirical model to convergence, a cut episode going on from where it stopped, and
     A_t = r_t + gamma V(s_{t+1}) - V(s_t). Learned from the rollouts alone, without the step
     limit, like `exact`.
+  - `q_model`: the same model per (state, action), evaluated for the current policy
+    (renormalised over the actions tried at each state), and A = Q(s, a) - V(s): `exact`'s
+    advantage on the part of the env the rollouts have seen, without past policies' weights.
   - `td_table`: GAE over the `mc_table` state table: delta_t = r_t + gamma V(s_{t+1}) - V(s_t)
     (V = 0 after the last step, as G takes no bootstrap at the step limit), A_t = sum_k
     (gamma lambda)^k delta_{t+k} with lambda `--lam` (0: one step; 1: `mc_table`). A move
@@ -95,7 +99,7 @@ from reflectrl.envs.taxi import IN_TAXI, PICKUP, DangerousTaxiEnv, TaxiOptions
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 STAGES = ("pickup", "dropoff", "full")
 ADVANTAGES = ["oracle", "mc_table", "mc_table_bootstrap", "mc_batch", "exact", "q_table"]
-ADVANTAGES += ["td_table", "td_model"]
+ADVANTAGES += ["td_table", "td_model", "q_model"]
 
 
 def build_policy(players: Players, trainable: str) -> tuple[Any, list[torch.nn.Parameter]]:

@@ -119,6 +119,9 @@ class TableCritics:
     # td_model: per (stage, taxi state), per next state (None: the episode ended there), the
     # count and reward sum of every transition seen so far
     transitions: dict[Any, dict[Any, list[float]]] = field(default_factory=dict)
+    # q_model: the same per (state, action), and the prompt row of each state
+    action_transitions: dict[Any, dict[Any, list[float]]] = field(default_factory=dict)
+    rows: dict[Any, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.q_sums = np.zeros((self.prompts, self.actions))
@@ -127,11 +130,13 @@ class TableCritics:
     def advantages(
         self, kind: str, steps: list[Step], probs: np.ndarray, gamma: float, lam: float
     ) -> np.ndarray:
-        """`mc_batch`, `q_table`, `mc_table`, `mc_table_bootstrap`, `td_table` or `td_model`
-        advantages of `steps` (episodes one after another), updating the tables with them
+        """`mc_batch`, `q_table`, `mc_table`, `mc_table_bootstrap`, `td_table`, `td_model` or
+        `q_model` advantages of `steps` (episodes one after another), updating the tables with them
         first. `probs`: the policy's table."""
         if kind == "td_model":
             return self.model_advantages(steps, gamma)
+        if kind == "q_model":
+            return self.q_model_advantages(steps, probs, gamma)
         returns = np.array([s["return"] for s in steps])
         if kind == "mc_table_bootstrap":  # a cut episode goes on from its last state's value
             returns = returns + self.bootstrap(steps, gamma)
@@ -218,6 +223,48 @@ class TableCritics:
             if done:
                 break
         return {k: float(value[i]) for k, i in index.items()}
+
+    def q_model_advantages(self, steps: list[Step], probs: np.ndarray, gamma: float) -> np.ndarray:
+        """`q_model`: the empirical model per (state, action) of every transition seen so far,
+        evaluated to convergence for the current policy `probs` (renormalised over the actions
+        tried at each state; a cut episode goes on from where it stopped), and
+        A = Q(s, a) - V(s): `exact`'s advantage on the part of the env the rollouts have seen."""
+        for t, step in enumerate(steps):
+            key = _key(step)
+            self.rows[key] = step["row"]
+            out = self.action_transitions.setdefault((key, step["action"]), {})
+            entry = out.setdefault(_next_key(steps, t), [0, 0.0])
+            entry[0] += 1
+            entry[1] += step["reward"]
+        keys = list(self.rows)
+        index = {k: i for i, k in enumerate(keys)}
+        pairs = list(self.action_transitions)
+        weight = np.array([probs[self.rows[k], a] for k, a in pairs])
+        owner = np.array([index[k] for k, _ in pairs], dtype=int)
+        weight = weight / np.bincount(owner, weight, minlength=len(keys))[owner]
+        reward, src, dst, w = np.zeros(len(pairs)), [], [], []
+        for p, pair in enumerate(pairs):
+            out = self.action_transitions[pair]
+            visits = sum(count for count, _ in out.values())
+            reward[p] = sum(total for _, total in out.values()) / visits
+            for nxt, (count, _) in out.items():
+                if nxt in index:
+                    src.append(p)
+                    dst.append(index[nxt])
+                    w.append(count / visits)
+        src_a, dst_a, w_a = np.array(src, dtype=int), np.array(dst, dtype=int), np.array(w)
+        value = np.zeros(len(keys))
+        for _ in range(5000):
+            q = reward + gamma * np.bincount(src_a, w_a * value[dst_a], minlength=len(pairs))
+            new = np.bincount(owner, weight * q, minlength=len(keys))
+            done = np.abs(new - value).max() < 1e-8
+            value = new
+            if done:
+                break
+        q_of = {pair: float(q[p]) for p, pair in enumerate(pairs)}
+        return np.array([
+            q_of[(_key(s), s["action"])] - value[index[_key(s)]] for s in steps
+        ])  # fmt: skip
 
 
 def _key(step: Step) -> tuple[str, int]:

@@ -154,3 +154,25 @@ def test_the_model_table_evaluates_the_transitions_seen_without_the_step_limit()
     assert critics.model_values(0.5) == pytest.approx(values)
     # A = r + 0.5 V(next) - V(s): the two ways out of state 1 differ; the others are sure.
     np.testing.assert_allclose(adv, [-1 + 0.5 - 1.25, 0.0, 3 - 1.25, 0.0], atol=1e-9)
+
+
+def test_the_q_model_weighs_the_actions_tried_by_the_current_policy() -> None:
+    """`TableCritics` `q_model` by hand, gamma 0.5: at state 1 (prompt row 0) action 0 leads to
+    state 2 (-1) whose one tried action ends it (+1), action 1 ends at once (+3). The policy puts
+    0.2 and 0.6 on them (0.2 on an action never tried): weights 0.25 / 0.75 over the tried
+    ones, V(1) = 0.25 (-1 + 0.5) + 0.75 x 3 = 2.125, and A = Q(s, a) - V(s). An episode cut
+    after 3 -> 1 goes on from state 1."""
+    from diagnostics.taxi_rollouts import TableCritics
+
+    def step(row: int, state: int, action: int, reward: float, **end: object) -> dict:
+        return {"row": row, "stage": "full", "state": state, "action": action,
+                "reward": reward, **end}  # fmt: skip
+
+    steps = [
+        step(0, 1, 0, -1.0), step(1, 2, 0, 1.0, last=True, truncated=False),
+        step(0, 1, 1, 3.0, last=True, truncated=False),
+        step(2, 3, 0, -1.0, last=True, truncated=True, next_state=1),
+    ]  # fmt: skip
+    probs = np.array([[0.2, 0.6, 0.2, 0, 0, 0], [0.5, 0.5, 0, 0, 0, 0], [1.0, 0, 0, 0, 0, 0]])
+    adv = TableCritics(prompts=3, actions=6).advantages("q_model", steps, probs, 0.5, 0.0)
+    np.testing.assert_allclose(adv, [-0.5 - 2.125, 0.0, 3 - 2.125, 0.0], atol=1e-9)
