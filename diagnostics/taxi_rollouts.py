@@ -19,6 +19,7 @@ import torch
 
 from diagnostics.taxi_prompts import Prompts
 from reflectrl.envs.taxi import DangerousTaxiEnv, TaxiOptions
+from reflectrl.rl.advantages import model_values
 
 # row, action, logp, stage, state, reward, t, oracle, return; the last step of an episode also
 # last, truncated (cut by the step limit) and next_state
@@ -201,28 +202,10 @@ class TableCritics:
             for s, n in zip(steps, nexts, strict=True)
         ])  # fmt: skip
 
-    def model_values(self, gamma: float, sweeps: int = 5000) -> dict[Any, float]:
-        """V of the empirical model, iterated to convergence (a next state never left is 0)."""
-        keys = list(self.transitions)
-        index = {k: i for i, k in enumerate(keys)}
-        reward, rows, cols, weights = np.zeros(len(keys)), [], [], []
-        for key, out in self.transitions.items():
-            visits = sum(count for count, _ in out.values())
-            reward[index[key]] = sum(total for _, total in out.values()) / visits
-            for nxt, (count, _) in out.items():
-                if nxt in index:
-                    rows.append(index[key])
-                    cols.append(index[nxt])
-                    weights.append(count / visits)
-        src, dst, w = np.array(rows, dtype=int), np.array(cols, dtype=int), np.array(weights)
-        value = np.zeros(len(keys))
-        for _ in range(sweeps):
-            new = reward + gamma * np.bincount(src, w * value[dst], minlength=len(keys))
-            done = np.abs(new - value).max() < 1e-8
-            value = new
-            if done:
-                break
-        return {k: float(value[i]) for k, i in index.items()}
+    def model_values(self, gamma: float) -> dict[Any, float]:
+        """V of the empirical model, iterated to convergence (a next state never left is 0):
+        the pipeline's `state_model` evaluation, over taxi states."""
+        return model_values(self.transitions, gamma)
 
     def q_model_advantages(self, steps: list[Step], probs: np.ndarray, gamma: float) -> np.ndarray:
         """`q_model`: the empirical model per (state, action) of every transition seen so far,

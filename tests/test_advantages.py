@@ -154,6 +154,30 @@ def test_state_table_bootstraps_a_truncated_episode_from_its_last_observation() 
     assert plain.value("a") == pytest.approx(1.0)
 
 
+def test_state_model_evaluates_the_transitions_seen_so_far() -> None:
+    """state_model by hand, gamma 0.5. Batch 1: a -> b (reward 1), b -> a (0; the step limit
+    cut the episode there), a -> end (2). V(a) = (1 + 2) / 2 + 0.5 * V(b) / 2 and V(b) =
+    0.5 V(a): V(a) = 12/7, V(b) = 6/7; A = r + 0.5 V(next) - V(s), V = 0 after the end."""
+    settings = AdvantageSettings("state_model", gamma=0.5)
+    table = StateTable()
+    looped = Episode(np.array([1.0, 0.0]), False, digests=["a", "b"], bootstrap_digest="a")
+    ended = Episode(np.array([2.0]), True, digests=["a"], bootstrap_digest="after")
+    first = estimate([looped, ended], settings, table)
+    np.testing.assert_allclose(first.advantages[0], [1 + 3 / 7 - 12 / 7, 0.0], atol=1e-7)
+    np.testing.assert_allclose(first.advantages[1], [2 - 12 / 7], atol=1e-7)
+    assert first.anchor_steps == 0 and first.value_targets is None
+    assert table.transitions["a"] == {"b": [1, 1.0], None: [1, 2.0]}
+    # Batch 2: b -> "new", a state never left (V 0). Now V(b) = 0.5 V(a) / 2 and V(a) =
+    # 1.5 + 0.25 V(b): V(a) = 1.6, V(b) = 0.4; the cut step's A = 0 + 0.5 * 0 - 0.4.
+    cut = Episode(np.array([0.0]), False, digests=["b"], bootstrap_digest="new")
+    second = estimate([cut], settings, table)
+    np.testing.assert_allclose(second.advantages[0], [-0.4], atol=1e-7)
+    assert second.anchor_steps == 1
+    restored = StateTable()
+    restored.load(table.state())
+    assert restored == table
+
+
 def test_state_table_needs_its_table_and_digests() -> None:
     with pytest.raises(ValueError, match="StateTable"):
         estimate(GROUPED, AdvantageSettings("state_table"))
@@ -236,27 +260,34 @@ def test_a_critic_free_estimator_builds_no_value_head() -> None:
     assert "vf_loss" not in stats and "policy_loss" in stats
 
 
-def test_state_table_lives_on_in_the_learner_and_its_checkpoint_state() -> None:
+def _visits(table: dict[str, Any], estimator: str) -> int:
+    if estimator == "state_table":
+        return sum(table["counts"].values())
+    return sum(count for out in table["transitions"].values() for count, _ in out.values())
+
+
+@pytest.mark.parametrize("estimator", ["state_table", "state_model"])
+def test_the_table_lives_on_in_the_learner_and_its_checkpoint_state(estimator: str) -> None:
     """The table grows over iterations in the learner's connector, goes into the learner's
     checkpoint state (not into a weight sync), and a fresh learner restored from that state
     holds the same table."""
-    overrides = [*OVERRIDES, "rl.advantage=state_table", "ppo.batch_mode=complete_episodes"]
+    overrides = [*OVERRIDES, f"rl.advantage={estimator}", "ppo.batch_mode=complete_episodes"]
     config = load_config(SMOKE, overrides)
     local = build_in_process(config)
     assert local.module.policy.value_head is None
     episodes = local.sample()
     local.train_batch(episodes)
     state = local.learner.get_state()
-    visits = sum(state[STATE_TABLE]["counts"].values())
+    visits = _visits(state[STATE_TABLE], estimator)
     assert visits == sum(len(e) for e in episodes)  # every step, keyed by its prompt
     local.train_batch(local.sample())
-    assert sum(local.learner.get_state()[STATE_TABLE]["counts"].values()) > visits
+    assert _visits(local.learner.get_state()[STATE_TABLE], estimator) > visits
     assert STATE_TABLE not in local.learner.get_state(components="rl_module")
 
     fresh = build_in_process(config)
     fresh.learner.set_state(local.learner.get_state())
     assert fresh.learner.get_state()[STATE_TABLE] == local.learner.get_state()[STATE_TABLE]
-    # Without state_table, the learner state has no table.
+    # Without a table estimator, the learner state has no table.
     assert STATE_TABLE not in build_in_process(load_config(SMOKE, OVERRIDES)).learner.get_state()
 
 

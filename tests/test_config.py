@@ -82,6 +82,10 @@ def test_overrides_parse_yaml_values() -> None:
             ["rl.advantage=state_table", "ppo.batch_mode=complete_episodes", "run.num_learners=2"],
             "set run.num_learners=0 or 1",
         ),
+        (
+            ["rl.advantage=state_model", "ppo.batch_mode=complete_episodes", "run.num_learners=2"],
+            "rl.advantage=state_model keeps its table in one learner",
+        ),
     ],
 )
 def test_bad_values_name_the_key(overrides: list[str], needle: str) -> None:

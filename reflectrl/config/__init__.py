@@ -29,6 +29,7 @@ from reflectrl.config.players import (
 from reflectrl.config.training import (
     CRITIC_FREE,
     DIGEST_ESTIMATORS,
+    TABLE_ESTIMATORS,
     AdvantageEstimator,
     CurriculumConfig,
     DataConfig,
@@ -49,6 +50,7 @@ __all__ = [
     "MIN_REFLECTION_PROMPT_TOKENS",
     "RECIPES_DIR",
     "REFLECTION_MARGIN",
+    "TABLE_ESTIMATORS",
     "AdvantageEstimator",
     "CurriculumConfig",
     "DataConfig",
@@ -124,9 +126,9 @@ class ReflectRLConfig(Strict):
                 f"rl.advantage={self.rl.advantage}; set rl.advantage=state_table or "
                 "rl.bootstrap_step_limit=false"
             )
-        if self.rl.advantage == "state_table" and self.run.num_learners > 1:
+        if self.rl.advantage in TABLE_ESTIMATORS and self.run.num_learners > 1:
             raise ValueError(
-                f"rl.advantage=state_table keeps its table in one learner, but "
+                f"rl.advantage={self.rl.advantage} keeps its table in one learner, but "
                 f"run.num_learners={self.run.num_learners}; set run.num_learners=0 or 1"
             )
         return self

@@ -233,10 +233,17 @@ class SFTSettings(Strict):
 
 # The advantage estimators (`rl.advantage`; the math is reflectrl/rl/advantages.py's). All but
 # `gae` use no critic: no value head is built or trained.
-AdvantageEstimator = Literal["gae", "reinforce", "rloo", "grpo", "gigpo", "state_table"]
-CRITIC_FREE: frozenset[str] = frozenset({"reinforce", "rloo", "grpo", "gigpo", "state_table"})
+AdvantageEstimator = Literal[
+    "gae", "reinforce", "rloo", "grpo", "gigpo", "state_table", "state_model"
+]
+CRITIC_FREE: frozenset[str] = frozenset(
+    {"reinforce", "rloo", "grpo", "gigpo", "state_table", "state_model"}
+)
 # The estimators that key steps by a digest of their policy prompt.
-DIGEST_ESTIMATORS: frozenset[str] = frozenset({"gigpo", "state_table"})
+DIGEST_ESTIMATORS: frozenset[str] = frozenset({"gigpo", "state_table", "state_model"})
+# The estimators whose table (rl/advantages.py's StateTable) lives on across iterations in one
+# learner and its checkpoints.
+TABLE_ESTIMATORS: frozenset[str] = frozenset({"state_table", "state_model"})
 
 
 class SuccessReplayConfig(Strict):
@@ -256,8 +263,10 @@ class RLStage(Strict):
     """gae: PPO over the value head; reinforce: the discounted return-to-go (the authors' default);
     rloo / grpo: the episode's return against its group; gigpo: grpo plus a step advantage over
     the steps that saw the same prompt; state_table: the return minus the running mean return of
-    every earlier step that saw the same prompt (a table critic, kept by a single learner). The
-    critic-free ones need whole episodes (ppo.batch_mode=complete_episodes)."""
+    every earlier step that saw the same prompt (a table critic, kept by a single learner);
+    state_model: r + gamma V(next prompt) - V(prompt), V the policy's value on the empirical model
+    of every transition between prompts seen so far (kept by a single learner). The critic-free
+    ones need whole episodes (ppo.batch_mode=complete_episodes)."""
     step_advantage_weight: float = Field(1.0, ge=0)
     """gigpo: the weight of the step (anchor-state) advantage beside the episode advantage."""
     scale_by_std: bool = True

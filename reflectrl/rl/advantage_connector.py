@@ -13,10 +13,11 @@ self-imitation term.
 
 What it logs per module (into the learner's results, then `metrics.jsonl`): the raw advantages'
 mean and std before standardising, the episodes compared with the whole batch for want of a
-group, and the steps gigpo anchored (or whose prompt state_table had seen before).
+group, and the steps gigpo anchored (or whose prompt the table of state_table or state_model
+had seen before).
 
-`state_table`'s table lives here, across iterations; the learner puts it in its checkpoint
-state (rl/learner.py).
+The table of `state_table` and `state_model` lives here, across iterations; the learner puts it
+in its checkpoint state (rl/learner.py).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class AdvantageEstimation(ConnectorV2):
         super().__init__(input_observation_space, input_action_space, **kwargs)
         self.settings = settings
         self.normalise = normalise
-        self.table = StateTable()  # state_table's critic; empty and unused otherwise
+        self.table = StateTable()  # the table critics' memory; empty and unused otherwise
 
     def __call__(
         self,

@@ -17,6 +17,13 @@ observation). Output: one advantage per step, and the value targets a critic tra
   prompts share a last-token state at cosine 0.998). The table (`StateTable`) lives on in the
   learner across iterations and in its checkpoints. With `bootstrap_step_limit`, the return of
   an episode the step limit cut goes on from the table's value of its last observation.
+- `state_model`: a model-based table critic. The same table also counts every transition
+  between observations seen so far (which observation followed, or that the episode ended, and
+  the reward); V is the value of that empirical model, evaluated to convergence (the actions as
+  often as the rollouts took them; a step-limit cut goes on to the observation after it), and
+  A_t = r_t + gamma V(s_{t+1}) - V(s_t). Unlike a return cut at the step limit, the model
+  prices a loop at every step it repeats for ever, as the step-limit-free advantage that lifts
+  the map-reading policy does (docs/rl.md).
 
 Groups: episodes that share `group` started from the same start. An episode alone in its group
 (or with no group) is compared with the whole batch instead, and `fallback_episodes` counts it.
@@ -77,12 +84,14 @@ class Estimate:
 
 @dataclass
 class StateTable:
-    """`state_table`'s critic: per observation digest, the sum and count of the discounted
-    returns-to-go seen from it. Plain dicts of str/float/int, so it pickles into a learner
-    checkpoint as is."""
+    """The table critics' memory. `state_table`: per observation digest, the sum and count of
+    the discounted returns-to-go seen from it. `state_model`: per observation digest, per next
+    digest (None: the episode ended there), the count and reward sum of the transitions seen.
+    Plain dicts of str/float/int, so it pickles into a learner checkpoint as is."""
 
     sums: dict[Hashable, float] = field(default_factory=dict)
     counts: dict[Hashable, int] = field(default_factory=dict)
+    transitions: dict[Hashable, dict[Hashable | None, list[float]]] = field(default_factory=dict)
 
     def add(self, digest: Hashable, value: float) -> None:
         self.sums[digest] = self.sums.get(digest, 0.0) + value
@@ -91,11 +100,23 @@ class StateTable:
     def value(self, digest: Hashable) -> float:
         return self.sums[digest] / self.counts[digest]
 
-    def state(self) -> dict[str, dict[Hashable, float] | dict[Hashable, int]]:
-        return {"sums": dict(self.sums), "counts": dict(self.counts)}
+    def add_transition(self, digest: Hashable, following: Hashable | None, reward: float) -> None:
+        entry = self.transitions.setdefault(digest, {}).setdefault(following, [0, 0.0])
+        entry[0] += 1
+        entry[1] += reward
+
+    def state(self) -> dict[str, dict]:
+        transitions = {
+            d: {n: list(e) for n, e in out.items()} for d, out in self.transitions.items()
+        }
+        return {"sums": dict(self.sums), "counts": dict(self.counts), "transitions": transitions}
 
     def load(self, state: dict[str, dict]) -> None:
         self.sums, self.counts = dict(state["sums"]), dict(state["counts"])
+        self.transitions = {
+            d: {n: list(e) for n, e in out.items()}
+            for d, out in state.get("transitions", {}).items()
+        }
 
 
 def gae(
@@ -209,6 +230,69 @@ def table_advantages(
     return out, seen
 
 
+def model_values(
+    transitions: dict[Hashable, dict[Hashable | None, list[float]]],
+    gamma: float,
+    sweeps: int = 5000,
+) -> dict[Hashable, float]:
+    """V of the empirical model `transitions` (per state, per next state or None for an ending:
+    [count, reward sum]), iterated to convergence: V(s) = mean reward + gamma * sum over the
+    next states of their share of V(s'), a next state never left counting 0."""
+    keys = list(transitions)
+    index = {k: i for i, k in enumerate(keys)}
+    reward, rows, cols, weights = np.zeros(len(keys)), [], [], []
+    for key, out in transitions.items():
+        visits = sum(count for count, _ in out.values())
+        reward[index[key]] = sum(total for _, total in out.values()) / visits
+        for following, (count, _) in out.items():
+            if following in index:
+                rows.append(index[key])
+                cols.append(index[following])
+                weights.append(count / visits)
+    src, dst, w = np.array(rows, dtype=int), np.array(cols, dtype=int), np.array(weights)
+    value = np.zeros(len(keys))
+    for _ in range(sweeps):
+        new = reward + gamma * np.bincount(src, w * value[dst], minlength=len(keys))
+        done = np.abs(new - value).max() < 1e-8
+        value = new
+        if done:
+            break
+    return {k: float(value[i]) for k, i in index.items()}
+
+
+def model_advantages(
+    episodes: Sequence[Episode],
+    digests: Sequence[Sequence[Hashable]],
+    table: StateTable,
+    gamma: float,
+) -> tuple[list[np.ndarray], int]:
+    """`state_model`: every step's transition goes into the table's model first (the next
+    step's observation; after an episode's last step none if it terminated, else the
+    observation the cut left it in), then A_t = r_t + gamma V(s_{t+1}) - V(s_t) with V the
+    model's values (0 after an ending). Returns (per-episode arrays, steps whose observation
+    the model held before)."""
+    seen = sum(1 for episode in digests for digest in episode if digest in table.transitions)
+    followers = []
+    for episode, episode_digests in zip(episodes, digests, strict=True):
+        last = None if episode.terminated else episode.bootstrap_digest
+        following = [*episode_digests[1:], last]
+        for digest, nxt, reward in zip(episode_digests, following, episode.rewards, strict=True):
+            table.add_transition(digest, nxt, float(reward))
+        followers.append(following)
+    value = model_values(table.transitions, gamma)
+    out = [
+        np.array(
+            [
+                r + gamma * (0.0 if n is None else value.get(n, 0.0)) - value[d]
+                for d, n, r in zip(ds, ns, episode.rewards, strict=True)
+            ],
+            dtype=np.float64,
+        )
+        for episode, ds, ns in zip(episodes, digests, followers, strict=True)
+    ]
+    return out, seen
+
+
 def _digests_of(episodes: Sequence[Episode], kind: str) -> list[Sequence[Hashable]]:
     digests = []
     for episode in episodes:
@@ -222,7 +306,7 @@ def estimate(
     episodes: Sequence[Episode], settings: AdvantageSettings, table: StateTable | None = None
 ) -> Estimate:
     """Per-step advantages (and value targets with a critic) of `episodes`, unstandardised.
-    `state_table` reads and updates `table`."""
+    `state_table` and `state_model` read and update `table`."""
     kind, gamma = settings.estimator, settings.gamma
     if kind not in CRITIC_FREE:  # gae
         pairs = []
@@ -233,6 +317,11 @@ def estimate(
                 gae(episode.rewards, episode.values, episode.terminated, gamma, settings.lambda_)
             )
         return Estimate([a for a, _ in pairs], [t for _, t in pairs])
+    if kind == "state_model":
+        if table is None:
+            raise ValueError("state_model needs its StateTable")
+        advantages, seen = model_advantages(episodes, _digests_of(episodes, kind), table, gamma)
+        return Estimate(advantages, None, anchor_steps=seen)
     returns = [returns_to_go(e.rewards, gamma) for e in episodes]
     if kind == "reinforce":
         return Estimate(returns, None)

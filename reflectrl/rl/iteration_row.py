@@ -64,8 +64,8 @@ class IterationRow(HeldOutFigures):
     advantage_raw_std: float | None
     # Episodes alone in their group, compared with the whole batch instead (rloo/grpo/gigpo).
     advantage_batch_baseline_episodes: int | None
-    # gigpo: steps sharing their prompt with another step of the batch; state_table: steps whose
-    # prompt the table had seen before.
+    # gigpo: steps sharing their prompt with another step of the batch; state_table and
+    # state_model: steps whose prompt the table had seen before.
     advantage_anchor_steps: int | None
     # rl.success_replay: episodes in the buffer, and the replayed steps' mean -log pi(a|s).
     success_replay_episodes: int

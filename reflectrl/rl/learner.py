@@ -31,7 +31,7 @@ from ray.rllib.core.learner.learner import ENTROPY_KEY, POLICY_LOSS_KEY, VF_LOSS
 from ray.rllib.evaluation.postprocessing import Postprocessing
 from ray.rllib.utils.torch_utils import explained_variance
 
-from reflectrl.config import RLStage
+from reflectrl.config import TABLE_ESTIMATORS, RLStage
 from reflectrl.models.policy import length_order
 from reflectrl.rl.advantage_connector import AdvantageEstimation
 from reflectrl.rl.advantages import AdvantageSettings
@@ -42,7 +42,8 @@ from reflectrl.rollout.progress_board import board_reporter, take_learner_name
 MEAN_STATS = (POLICY_LOSS_KEY, VF_LOSS_KEY, LEARNER_RESULTS_VF_LOSS_UNCLIPPED_KEY, ENTROPY_KEY)
 CRITIC_STATS = (VF_LOSS_KEY, LEARNER_RESULTS_VF_LOSS_UNCLIPPED_KEY)
 REPLAY_NLL = "success_replay_nll"  # mean -log pi(a|s) over the replayed rows
-# The learner checkpoint state's key for state_table's table (rl/advantage_connector.py).
+# The learner checkpoint state's key for the table of state_table and state_model
+# (rl/advantage_connector.py).
 STATE_TABLE = "advantage_state_table"
 
 
@@ -103,11 +104,12 @@ class ReflectRLPPOLearner(PPOTorchLearner):
     def get_state(
         self, components: Any = None, *, not_components: Any = None, **kwargs: Any
     ) -> dict[str, Any]:
-        """RLlib's learner state, plus state_table's table (a checkpoint pickles it with the
-        optimizer state; a weight sync, asking for the module only, leaves it out)."""
+        """RLlib's learner state, plus the table of state_table or state_model (a checkpoint
+        pickles it with the optimizer state; a weight sync, asking for the module only, leaves
+        it out)."""
         state = super().get_state(components, not_components=not_components, **kwargs)
         table = self._advantages is not None and self._advantages.settings.estimator
-        if table == "state_table" and self._check_component(
+        if table in TABLE_ESTIMATORS and self._check_component(
             STATE_TABLE, components, not_components
         ):
             state[STATE_TABLE] = self._advantages.table.state()
