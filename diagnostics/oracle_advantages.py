@@ -9,8 +9,9 @@ paper's reward: for that policy a move into danger is the best action in 27-56% 
 (prompt, action) (`q_table`) nor one-step TD over the state table (`td_table --lam 0`) does
 better: 0.444 and 0.456 at 20k, and `td_table` 0.539 at 31k but 0.528 at 61k; nor does the
 state table bootstrapped at the step limit (`mc_table_bootstrap`): 0.422 at 20k. The
-model-based table (`td_model`) gets 0.472 at 20k and the same evaluated for the current policy
-(`q_model`) 0.467 (the exact advantage 0.544).
+model-based table (`td_model`) gets 0.472 at 20k and 0.561 at 61k (the exact advantage 0.544
+and 0.594), the same evaluated for the current policy (`q_model`) 0.467 at 20k; in the pipeline
+it is `rl.advantage=state_model`.
 Results: diagnostics/results/oracle_advantages_*.json, exit_preference_*.json.
 
 What binds RL in the paper's regime (experiments/taxi_limited_data.yaml): the actor itself, the
