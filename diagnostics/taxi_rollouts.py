@@ -19,7 +19,7 @@ import torch
 
 from diagnostics.taxi_prompts import Prompts
 from reflectrl.envs.taxi import DangerousTaxiEnv, TaxiOptions
-from reflectrl.rl.advantages import model_values
+from reflectrl.rl.advantages import StateTable, model_values
 
 # row, action, logp, stage, state, reward, t, oracle, return; the last step of an episode also
 # last, truncated (cut by the step limit) and next_state
@@ -117,11 +117,10 @@ class TableCritics:
     q_sums: np.ndarray = field(init=False)
     q_counts: np.ndarray = field(init=False)
 
-    # td_model: per (stage, taxi state), per next state (None: the episode ended there), the
-    # count and reward sum of every transition seen so far
-    transitions: dict[Any, dict[Any, list[float]]] = field(default_factory=dict)
+    # td_model: the pipeline's `state_model` table over (stage, taxi state) instead of prompts
+    model: StateTable = field(default_factory=StateTable)
     # q_model: the same per (state, action), and the prompt row of each state
-    action_transitions: dict[Any, dict[Any, list[float]]] = field(default_factory=dict)
+    action_model: StateTable = field(default_factory=StateTable)
     rows: dict[Any, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -193,9 +192,7 @@ class TableCritics:
         observation), and A_t = r_t + gamma V(s_{t+1}) - V(s_t), V = 0 after an ending."""
         nexts = [_next_key(steps, t) for t in range(len(steps))]
         for step, nxt in zip(steps, nexts, strict=True):
-            entry = self.transitions.setdefault(_key(step), {}).setdefault(nxt, [0, 0.0])
-            entry[0] += 1
-            entry[1] += step["reward"]
+            self.model.add_transition(_key(step), nxt, step["reward"])
         value = self.model_values(gamma)
         return np.array([
             s["reward"] + gamma * (0.0 if n is None else value.get(n, 0.0)) - value[_key(s)]
@@ -205,7 +202,7 @@ class TableCritics:
     def model_values(self, gamma: float) -> dict[Any, float]:
         """V of the empirical model, iterated to convergence (a next state never left is 0):
         the pipeline's `state_model` evaluation, over taxi states."""
-        return model_values(self.transitions, gamma)
+        return model_values(self.model.transitions, gamma)
 
     def q_model_advantages(self, steps: list[Step], probs: np.ndarray, gamma: float) -> np.ndarray:
         """`q_model`: the empirical model per (state, action) of every transition seen so far,
@@ -215,19 +212,18 @@ class TableCritics:
         for t, step in enumerate(steps):
             key = _key(step)
             self.rows[key] = step["row"]
-            out = self.action_transitions.setdefault((key, step["action"]), {})
-            entry = out.setdefault(_next_key(steps, t), [0, 0.0])
-            entry[0] += 1
-            entry[1] += step["reward"]
+            self.action_model.add_transition(
+                (key, step["action"]), _next_key(steps, t), step["reward"]
+            )
         keys = list(self.rows)
         index = {k: i for i, k in enumerate(keys)}
-        pairs = list(self.action_transitions)
+        pairs = list(self.action_model.transitions)
         weight = np.array([probs[self.rows[k], a] for k, a in pairs])
         owner = np.array([index[k] for k, _ in pairs], dtype=int)
         weight = weight / np.bincount(owner, weight, minlength=len(keys))[owner]
         reward, src, dst, w = np.zeros(len(pairs)), [], [], []
         for p, pair in enumerate(pairs):
-            out = self.action_transitions[pair]
+            out = self.action_model.transitions[pair]
             visits = sum(count for count, _ in out.values())
             reward[p] = sum(total for _, total in out.values()) / visits
             for nxt, (count, _) in out.items():
